@@ -1,0 +1,1 @@
+"""Per-model YAML configuration files shipped with toolflash."""

@@ -1,0 +1,1 @@
+"""The DFlash engine on MLX: targets, drafter, one session with speculative and AR modes."""

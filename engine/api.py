@@ -1,0 +1,169 @@
+"""The engine's contract with its callers: frozen request/event types and the `Engine` protocol.
+
+This module must not import `mlx`: the gateway's protocol layer imports it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Mode = Literal["spec", "ar"]
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class EngineError(Exception):
+    """Base class for errors the engine reports to callers."""
+
+
+class ContextLengthError(EngineError):
+    """The prompt (plus the requested output) does not fit the model's context."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, context_length: int) -> None:
+        super().__init__(
+            f"This model's maximum context length is {context_length} tokens. "
+            f"The request has {prompt_tokens} prompt tokens"
+            + (f" and asks for {max_tokens} output tokens." if max_tokens else ".")
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.context_length = context_length
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation, already tokenized.
+
+    `mode` is the mode to start in; `mode_plan` (cycle index -> mode) lets callers and tests
+    script switches at cycle boundaries. Stop strings end generation at the token that
+    completes them; the text of the stop string itself is never returned.
+    """
+
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int
+    mode: Mode = "spec"
+    block_size: int | None = None
+    stop_token_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+    temperature: float = 0.0
+    seed: int | None = None
+    mode_plan: Mapping[int, Mode] = field(default_factory=dict)
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class CycleRecord:
+    """What one decode cycle did. An AR step is a cycle of block size 1 that drafted nothing."""
+
+    index: int
+    mode: Mode
+    block_size: int
+    drafted: int
+    accepted: int
+    committed: int
+    draft_s: float
+    verify_s: float
+    rollback_s: float
+    context_len: int
+
+    @property
+    def total_s(self) -> float:
+        return self.draft_s + self.verify_s + self.rollback_s
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """Newly committed tokens and the text they complete (may be empty while a multi-byte
+    character or a possible stop string is pending)."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    cycle: CycleRecord | None = None
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Totals for one finished generation."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    prefill_s: float
+    decode_s: float
+    cycles: tuple[CycleRecord, ...]
+
+    @property
+    def modes(self) -> tuple[Mode, ...]:
+        seen: list[Mode] = []
+        for c in self.cycles:
+            if c.mode not in seen:
+                seen.append(c.mode)
+        return tuple(seen)
+
+    @property
+    def spec_cycles(self) -> int:
+        return sum(1 for c in self.cycles if c.mode == "spec")
+
+    @property
+    def drafted(self) -> int:
+        return sum(c.drafted for c in self.cycles)
+
+    @property
+    def accepted(self) -> int:
+        return sum(c.accepted for c in self.cycles)
+
+    @property
+    def tokens_per_cycle(self) -> float:
+        """Committed tokens per speculative cycle (tau); 0.0 when no spec cycle ran."""
+        spec = [c for c in self.cycles if c.mode == "spec"]
+        if not spec:
+            return 0.0
+        return sum(c.committed for c in spec) / len(spec)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.completion_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """The last event of every generation."""
+
+    finish_reason: FinishReason
+    stats: GenerationStats
+
+
+EngineEvent = TokenEvent | FinishEvent
+
+
+class Engine(Protocol):
+    """What the gateway needs from an engine. All methods run on the engine's worker thread
+    except the read-only attributes."""
+
+    model_id: str
+    draft_id: str | None
+    context_length: int
+    tool_call_format: str  # "hermes" or "qwen3_coder": what the chat template renders
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Render messages (and tools) with the model's chat template, with the generation
+        prompt appended, and tokenize."""
+        ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def generate(
+        self, request: GenerationRequest, cancel: threading.Event | None = None
+    ) -> Iterator[EngineEvent]:
+        """Run one generation. Yields TokenEvents, then exactly one FinishEvent. Setting
+        `cancel` ends the generation within one cycle with finish_reason "cancelled"."""
+        ...

@@ -1,0 +1,1 @@
+"""Target adapters, one per model family, behind the `TargetAdapter` protocol."""

@@ -1,0 +1,1 @@
+"""Custom kernels, each with a pure-MLX reference twin behind one switch."""

@@ -1,0 +1,1 @@
+"""Subcommands of the `toolflash` CLI, one module each."""

@@ -1,0 +1,1 @@
+"""DFlash drafter training (`toolflash train-draft`)."""
