@@ -1,0 +1,1 @@
+"""Adaptive decoding policy: request classes, surplus estimates, mode decisions."""
