@@ -1,0 +1,177 @@
+"""One generation's state, and the two ways to advance it: a speculative cycle or an AR step.
+
+The session owns the target cache, the drafter context and the committed tokens. Both modes
+read and write the same state, so the caller may switch at any cycle boundary; AR steps keep
+queueing target features for the drafter, so speculation resumes with a coherent context.
+
+Token bookkeeping: `tokens` holds every committed token (prompt + output). The last one, the
+"staged" token, was chosen by the target but not yet fed to it; everything before it is in
+the target cache (`fed == len(tokens) - 1`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .acceptance import greedy_acceptance
+from .api import CycleRecord, Mode
+from .draft_context import DraftContext, DraftWindow
+from .drafter import DFlashDrafter
+from .host import host_int, host_ints
+from .targets.base import TargetAdapter
+
+# Given the tokens a step is about to commit, the index of the last one to emit when the
+# generation must end inside them (EOS, stop string, limit), else None.
+StopCheck = Callable[[Sequence[int]], "int | None"]
+# Proposes the block's draft tokens [1, block_size - 1] for the current session state.
+Proposer = Callable[["GenerationSession", int], mx.array]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Tokens committed by one cycle or AR step, and whether generation ended in them."""
+
+    tokens: list[int]
+    record: CycleRecord
+    finished: bool
+
+
+class GenerationSession:
+    """Speculative and target-only decoding over one shared state."""
+
+    def __init__(
+        self,
+        target: TargetAdapter,
+        drafter: DFlashDrafter | None = None,
+        window: DraftWindow | None = None,
+        prefill_chunk: int = 512,
+        proposer: Proposer | None = None,
+    ):
+        self.target = target
+        self.drafter = drafter
+        self.cache = target.make_cache()
+        self.capture: tuple[int, ...] = drafter.config.target_layer_ids if drafter else ()
+        self.draft_ctx = DraftContext(drafter, window or DraftWindow()) if drafter else None
+        self.mask_id = drafter.config.mask_token_id if drafter else -1
+        self.prefill_chunk = prefill_chunk
+        self.proposer: Proposer = proposer or dflash_proposal
+        self.tokens: list[int] = []
+        self.fed = 0
+        self.cycles = 0
+
+    @property
+    def staged(self) -> int:
+        return self.tokens[-1]
+
+    # -- prefill -----------------------------------------------------------------------
+    def prefill(self, prompt: Sequence[int]) -> int:
+        """Run the prompt through the target in chunks, queue its features for the drafter,
+        and commit the target's first token (returned)."""
+        if not prompt:
+            raise ValueError("empty prompt")
+        logits = None
+        for start in range(0, len(prompt), self.prefill_chunk):
+            chunk = mx.array([list(prompt[start : start + self.prefill_chunk])])
+            res = self.target.forward(chunk, self.cache, self.capture, last_logits_only=True)
+            if self.draft_ctx is not None and res.features is not None:
+                self.draft_ctx.add_features(res.features)
+                mx.eval(res.logits, res.features)
+            else:
+                mx.eval(res.logits)
+            logits = res.logits
+        assert logits is not None
+        first = host_int(mx.argmax(logits[0, -1]))
+        self.tokens = [*prompt, first]
+        self.fed = len(prompt)
+        return first
+
+    # -- decode ------------------------------------------------------------------------
+    def step(self, mode: Mode, block_size: int, stop_check: StopCheck) -> StepResult:
+        """Advance by one speculative cycle (`spec`) or one target-only step (`ar`)."""
+        if mode == "spec" and self.draft_ctx is not None and block_size > 1:
+            return self._spec_cycle(block_size, stop_check)
+        return self._ar_step(stop_check)
+
+    def _ar_step(self, stop_check: StopCheck) -> StepResult:
+        t0 = time.perf_counter()
+        res = self.target.forward(mx.array([[self.staged]]), self.cache, self.capture)
+        nxt = mx.argmax(res.logits[0, -1])
+        if self.draft_ctx is not None and res.features is not None:
+            self.draft_ctx.add_features(res.features)
+            mx.eval(nxt, res.features)
+        token = host_int(nxt)
+        t1 = time.perf_counter()
+        self.fed += 1
+        end = stop_check([token])
+        self.tokens.append(token)
+        return self._finish_step("ar", 1, 0, 0, [token], end, 0.0, t1 - t0, 0.0)
+
+    def _spec_cycle(self, block_size: int, stop_check: StopCheck) -> StepResult:
+        t0 = time.perf_counter()
+        draft = self.proposer(self, block_size)
+        mx.eval(draft)
+        t1 = time.perf_counter()
+
+        verify_in = mx.concatenate([mx.array([[self.staged]]), draft], axis=1)
+        res = self.target.forward(verify_in, self.cache, self.capture, keep_tape=True)
+        choice = mx.argmax(res.logits[0], axis=-1)
+        accepted_arr = greedy_acceptance(draft[0], choice)
+        mx.eval(choice, accepted_arr)
+        t2 = time.perf_counter()
+
+        accepted = host_int(accepted_arr)
+        committed = host_ints(draft[0])[:accepted] + [host_int(choice[accepted])]
+        end = stop_check(committed)
+        if end is not None:
+            committed = committed[: end + 1]
+        keep = min(accepted, len(committed) - 1) + 1  # block tokens whose K/V stay
+        self.target.rollback(self.cache, res, keep)
+        if self.draft_ctx is not None and res.features is not None:
+            self.draft_ctx.add_features(res.features[:, :keep])
+        self.fed += keep
+        self.tokens.extend(committed)
+        t3 = time.perf_counter()
+        return self._finish_step(
+            "spec", block_size, block_size - 1, accepted, committed, end, t1 - t0, t2 - t1, t3 - t2
+        )
+
+    def _finish_step(
+        self,
+        mode: Mode,
+        block_size: int,
+        drafted: int,
+        accepted: int,
+        committed: list[int],
+        end: int | None,
+        draft_s: float,
+        verify_s: float,
+        rollback_s: float,
+    ) -> StepResult:
+        record = CycleRecord(
+            index=self.cycles,
+            mode=mode,
+            block_size=block_size,
+            drafted=drafted,
+            accepted=accepted,
+            committed=len(committed),
+            draft_s=draft_s,
+            verify_s=verify_s,
+            rollback_s=rollback_s,
+            context_len=self.fed,
+        )
+        self.cycles += 1
+        return StepResult(tokens=committed, record=record, finished=end is not None)
+
+
+def dflash_proposal(session: GenerationSession, block_size: int) -> mx.array:
+    """The DFlash draft: denoise [staged, mask * (L-1)] against the drafter context and take
+    the target lm_head's argmax at block positions 1..L-1."""
+    assert session.drafter is not None and session.draft_ctx is not None
+    ctx_kv = session.draft_ctx.absorb()
+    block = mx.array([[session.staged] + [session.mask_id] * (block_size - 1)])
+    hidden = session.drafter.denoise(session.target.embed(block), session.fed, ctx_kv)
+    return mx.argmax(session.target.lm_head(hidden[:, 1:]), axis=-1)

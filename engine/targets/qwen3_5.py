@@ -1,0 +1,146 @@
+"""Qwen3.5/3.6 hybrid targets (mlx-lm `qwen3_5`): GatedDeltaNet + gated attention layers.
+
+Attention layers roll back by KV trim. GatedDeltaNet layers keep a recurrent state and a
+convolution state that cannot be trimmed, so decode-time forwards run the GatedDeltaNet layer
+through `gated_delta_forward` below, a copy of mlx-lm 0.32's `GatedDeltaNet.__call__` whose
+recurrence goes through `toolflash.kernels.gated_delta` and can keep the state after every
+step. Prefill runs the same code without the tape. `tests/engine/test_targets.py` pins it to
+mlx-lm's layer output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.gated_delta import compute_g, normalize_qk
+
+from toolflash.kernels import gated_delta
+
+from .base import ForwardResult
+from .qwen3 import _concat_in_order
+
+
+@dataclass
+class GdnTape:
+    """What one GatedDeltaNet layer needs to roll back inside the last forward."""
+
+    conv_input: mx.array  # [B, K-1+T, C]: previous conv state followed by this forward's qkv
+    states: list[mx.array]  # recurrent state after each of the T steps
+
+
+def gated_delta_forward(
+    layer: Any, x: mx.array, cache: ArraysCache, keep_tape: bool
+) -> tuple[mx.array, GdnTape | None]:
+    """mlx-lm's GatedDeltaNet forward for batch 1 without padding, with an optional tape."""
+    b, s, _ = x.shape
+    qkv = layer.in_proj_qkv(x)
+    z = layer.in_proj_z(x).reshape(b, s, layer.num_v_heads, layer.head_v_dim)
+    beta_logits = layer.in_proj_b(x)
+    a = layer.in_proj_a(x)
+    conv_state = cache[0]
+    if conv_state is None:
+        conv_state = mx.zeros((b, layer.conv_kernel_size - 1, layer.conv_dim), dtype=x.dtype)
+    conv_input = mx.concatenate([conv_state, qkv], axis=1)
+    cache[0] = mx.contiguous(conv_input[:, -(layer.conv_kernel_size - 1) :, :])
+    conv_out = nn.silu(layer.conv1d(conv_input))
+    q, k, v = [
+        t.reshape(b, s, h, d)
+        for t, h, d in zip(
+            mx.split(conv_out, [layer.key_dim, 2 * layer.key_dim], -1),
+            [layer.num_k_heads, layer.num_k_heads, layer.num_v_heads],
+            [layer.head_k_dim, layer.head_k_dim, layer.head_v_dim],
+        )
+    ]
+    q, k = normalize_qk(q, k, inv_scale=layer.head_k_dim**-0.5, eps=1e-6)
+    state = cache[1]
+    if state is None:
+        state = mx.zeros((b, layer.num_v_heads, layer.head_v_dim, layer.head_k_dim), mx.float32)
+    g = compute_g(layer.A_log, a, layer.dt_bias)
+    beta = mx.sigmoid(beta_logits)
+    out, states = gated_delta.recurrence(q, k, v, g, beta, state, keep_tape)
+    cache[1] = states[-1]
+    cache.advance(s)
+    out = layer.norm(out, z)
+    out = layer.out_proj(out.reshape(b, s, -1))
+    tape = GdnTape(conv_input=conv_input, states=states) if keep_tape else None
+    return out, tape
+
+
+class Qwen35Target:
+    """Walks the hybrid stack layer by layer, capturing hidden states and GDN tapes."""
+
+    family = "qwen3_5"
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.text = model.language_model if hasattr(model, "language_model") else model
+        self.inner = self.text.model
+        self.layers = list(self.inner.layers)
+        args = self.text.args
+        self.hidden_size = int(args.hidden_size)
+        self.num_layers = len(self.layers)
+        self.vocab_size = int(self.inner.embed_tokens.weight.shape[0])
+        self.tied = bool(args.tie_word_embeddings)
+        self.conv_keep = int(args.linear_conv_kernel_dim) - 1
+        self.first_attention = next(i for i, layer in enumerate(self.layers) if not layer.is_linear)
+
+    def make_cache(self) -> list[Any]:
+        return [ArraysCache(size=2) if layer.is_linear else KVCache() for layer in self.layers]
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        return self.inner.embed_tokens(tokens)
+
+    def lm_head(self, hidden: mx.array) -> mx.array:
+        if self.tied:
+            return self.inner.embed_tokens.as_linear(hidden)
+        return self.text.lm_head(hidden)
+
+    def forward(
+        self,
+        tokens: mx.array,
+        cache: list[Any],
+        capture: Sequence[int] = (),
+        keep_tape: bool = False,
+        last_logits_only: bool = False,
+    ) -> ForwardResult:
+        h = self.embed(tokens)
+        mask = create_attention_mask(h, cache[self.first_attention])
+        captured = []
+        tape: dict[int, Any] = {}
+        for i, (layer, c) in enumerate(zip(self.layers, cache)):
+            x = layer.input_layernorm(h)
+            if layer.is_linear:
+                r, layer_tape = gated_delta_forward(layer.linear_attn, x, c, keep_tape)
+                if layer_tape is not None:
+                    tape[i] = layer_tape
+            else:
+                r = layer.self_attn(x, mask, c)
+            h = h + r
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            if i in capture:
+                captured.append(h)
+        if last_logits_only:
+            h = h[:, -1:]
+        logits = self.lm_head(self.inner.norm(h))
+        features = _concat_in_order(captured, capture, self.layers)
+        return ForwardResult(
+            logits=logits, features=features, tokens=int(tokens.shape[1]), tape=tape
+        )
+
+    def rollback(self, cache: list[Any], result: ForwardResult, keep: int) -> None:
+        drop = result.tokens - keep
+        if drop <= 0:
+            return
+        for i, c in enumerate(cache):
+            if isinstance(c, KVCache):
+                c.trim(drop)
+                continue
+            layer_tape: GdnTape = result.tape[i]
+            c[0] = layer_tape.conv_input[:, keep : keep + self.conv_keep, :]
+            c[1] = layer_tape.states[keep - 1]
