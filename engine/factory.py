@@ -1,0 +1,119 @@
+"""Build a ready `DFlashEngine` from model ids or paths (default: the embedded tiny pair)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import structlog
+
+from .api import EngineError
+from .draft_context import DraftWindow
+from .draft_loading import TargetInfo, load_draft
+from .hub import resolve_model_path
+from .registry import draft_for
+from .service import DFlashEngine, EngineOptions
+from .targets.base import TargetAdapter
+from .targets.qwen3 import Qwen3Target
+from .targets.qwen3_5 import Qwen35Target
+
+log = structlog.get_logger(__name__)
+
+# mlx-lm model_type -> adapter. Unknown families fail with a clear message.
+TARGET_ADAPTERS: dict[str, type] = {
+    "qwen3": Qwen3Target,
+    "qwen3_5": Qwen35Target,
+    "qwen3_5_moe": Qwen35Target,
+}
+
+EMBEDDED_TARGET = "qwen3-tiny"
+EMBEDDED_DRAFT = "qwen3-tiny-dflash"
+
+
+class UnsupportedModelError(EngineError):
+    """A target whose family has no adapter."""
+
+
+def assets_dir() -> Path:
+    """Where the embedded tiny models live (inside the installed package)."""
+    import toolflash
+
+    return Path(toolflash.__file__).resolve().parent / "assets" / "tiny"
+
+
+def read_model_type(path: Path) -> str:
+    config = json.loads((path / "config.json").read_text())
+    text = config.get("text_config") or {}
+    return str(config.get("model_type") or text.get("model_type") or "")
+
+
+def load_target(path: Path, dtype: mx.Dtype | None = None) -> tuple[TargetAdapter, Any, dict]:
+    """Load an mlx-lm target directory and wrap it in its family's adapter."""
+    from mlx_lm.utils import load
+
+    model_type = read_model_type(path)
+    adapter_cls = TARGET_ADAPTERS.get(model_type)
+    if adapter_cls is None:
+        raise UnsupportedModelError(
+            f"model family '{model_type}' ({path}) is not supported; supported: "
+            f"{', '.join(sorted(TARGET_ADAPTERS))}"
+        )
+    loaded = load(str(path))
+    model, tokenizer = loaded[0], loaded[1]
+    if dtype is None and mx.default_device() == mx.cpu:
+        dtype = mx.float32  # only float32 reaches BLAS on CPU
+    if dtype is not None:
+        model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    config = json.loads((path / "config.json").read_text())
+    return adapter_cls(model), tokenizer, config
+
+
+def build_engine(
+    model: str | None = None,
+    draft: str | None = None,
+    *,
+    mode: str = "spec",
+    block_size: int | None = None,
+    window: DraftWindow | None = None,
+    context_length: int | None = None,
+    no_draft: bool = False,
+) -> DFlashEngine:
+    """Load target and drafter and return the engine. model=None serves the embedded tiny
+    pair; draft=None looks the target up in the registry of published DFlash drafts."""
+    if model is None:
+        base = assets_dir()
+        target_path = base / EMBEDDED_TARGET
+        if not (target_path / "config.json").exists():
+            raise EngineError(
+                f"the embedded tiny model is missing at {target_path}; rebuild it with "
+                "`toolflash zoo build` or pass --model"
+            )
+        draft = draft or str(base / EMBEDDED_DRAFT)
+        model_id = "toolflash-tiny-qwen3"
+    else:
+        target_path = resolve_model_path(model)
+        model_id = model
+        if draft is None and not no_draft:
+            draft = draft_for(model)
+    target, tokenizer, config = load_target(target_path)
+    drafter = None
+    draft_id = None
+    if draft is not None and not no_draft:
+        draft_path = resolve_model_path(draft)
+        info = TargetInfo.from_config(config, family=target.family)
+        drafter = load_draft(draft_path, info)
+        draft_id = draft if model is not None else f"{model_id}-dflash"
+    else:
+        log.warning("no_drafter", model=model_id, detail="serving target-only (AR)")
+    text_config = config.get("text_config") or config
+    max_ctx = int(text_config.get("max_position_embeddings", 32768))
+    options = EngineOptions(
+        mode="spec" if mode == "spec" else "ar",
+        block_size=block_size,
+        window=window or DraftWindow(),
+        context_length=context_length,
+    )
+    return DFlashEngine(target, tokenizer, drafter, model_id, draft_id, max_ctx, options)

@@ -1,0 +1,197 @@
+"""`DFlashEngine`: the `Engine` the gateway drives. Tokenizes, runs one session per request,
+turns committed tokens into text deltas (with stop strings cut exactly), and reports cycles."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import structlog
+
+from .api import (
+    ContextLengthError,
+    CycleRecord,
+    EngineEvent,
+    FinishEvent,
+    GenerationRequest,
+    GenerationStats,
+    Mode,
+    TokenEvent,
+)
+from .draft_context import DraftWindow
+from .drafter import DFlashDrafter
+from .session import GenerationSession
+from .stops import StopMatcher, visible_text
+from .targets.base import TargetAdapter
+
+log = structlog.get_logger(__name__)
+
+# Release MLX's buffer cache this often (tokens) so long generations do not hold peak memory.
+_CLEAR_CACHE_EVERY = 1024
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Engine-wide settings (the request may override mode and block size)."""
+
+    mode: Mode = "spec"
+    block_size: int | None = None
+    window: DraftWindow = DraftWindow()
+    prefill_chunk: int = 512
+    context_length: int | None = None
+
+
+class DFlashEngine:
+    """One loaded target (+ optional drafter) and its tokenizer."""
+
+    def __init__(
+        self,
+        target: TargetAdapter,
+        tokenizer: Any,
+        drafter: DFlashDrafter | None,
+        model_id: str,
+        draft_id: str | None,
+        context_length: int,
+        options: EngineOptions | None = None,
+    ):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.model_id = model_id
+        self.draft_id = draft_id if drafter is not None else None
+        self.options = options or EngineOptions()
+        self.context_length = self.options.context_length or context_length
+        template = getattr(tokenizer, "chat_template", None) or ""
+        self.tool_call_format = "qwen3_coder" if "<function=" in template else "hermes"
+        self.eos_ids = frozenset(int(t) for t in getattr(tokenizer, "eos_token_ids", ()) or ())
+
+    @property
+    def default_block_size(self) -> int:
+        if self.options.block_size:
+            return self.options.block_size
+        return self.drafter.config.block_size if self.drafter is not None else 1
+
+    # -- tokenization --------------------------------------------------------------------
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            list(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=True,
+            tokenize=False,
+            **dict(template_kwargs or {}),
+        )
+        return self.encode(text)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(token_ids)))
+
+    # -- generation ----------------------------------------------------------------------
+    def generate(
+        self, request: GenerationRequest, cancel: threading.Event | None = None
+    ) -> Iterator[EngineEvent]:
+        prompt = list(request.prompt_tokens)
+        if not prompt or len(prompt) >= self.context_length:
+            raise ContextLengthError(len(prompt), request.max_tokens, self.context_length)
+        max_tokens = min(request.max_tokens, self.context_length - len(prompt))
+        mode: Mode = request.mode if self.drafter is not None else "ar"
+        block_size = request.block_size or self.default_block_size
+        session = GenerationSession(
+            self.target,
+            self.drafter,
+            window=self.options.window,
+            prefill_chunk=self.options.prefill_chunk,
+        )
+        matcher = StopMatcher(
+            self.eos_ids | request.stop_token_ids,
+            request.stop_strings,
+            max_tokens,
+            self.decode,
+        )
+        text = _TextTracker(self, request.stop_strings, matcher.eos_ids)
+        cycles: list[CycleRecord] = []
+
+        t0 = time.perf_counter()
+        first = session.prefill(prompt)
+        prefill_s = time.perf_counter() - t0
+        t_decode = time.perf_counter()
+        finished = matcher.check([first]) is not None
+        yield TokenEvent((first,), text.push([first]))
+        reason: str | None = None
+        try:
+            while not finished and not text.stopped:
+                if cancel is not None and cancel.is_set():
+                    reason = "cancelled"
+                    break
+                mode = request.mode_plan.get(len(cycles), mode) if self.drafter else "ar"
+                block = min(block_size, matcher.remaining)
+                step = session.step(mode, block, matcher.check)
+                cycles.append(step.record)
+                finished = step.finished
+                yield TokenEvent(tuple(step.tokens), text.push(step.tokens), step.record)
+                if len(session.tokens) % _CLEAR_CACHE_EVERY < len(step.tokens):
+                    mx.clear_cache()
+        finally:
+            decode_s = time.perf_counter() - t_decode
+        if reason is None:
+            reason = "stop" if text.stopped else (matcher.reason or "length")
+        tail = text.flush()
+        if tail:
+            yield TokenEvent((), tail)
+        stats = GenerationStats(
+            prompt_tokens=len(prompt),
+            cached_tokens=0,
+            completion_tokens=len(matcher.emitted),
+            prefill_s=prefill_s,
+            decode_s=decode_s,
+            cycles=tuple(cycles),
+        )
+        log.debug(
+            "generation",
+            request_id=request.request_id,
+            finish=reason,
+            tokens=stats.completion_tokens,
+            tau=round(stats.tokens_per_cycle, 2),
+        )
+        yield FinishEvent(reason, stats)  # type: ignore[arg-type]
+
+
+class _TextTracker:
+    """Turns committed tokens into text deltas; EOS tokens never become text, and text from a
+    stop string on is never shown."""
+
+    def __init__(self, engine: DFlashEngine, stop_strings: Sequence[str], eos: frozenset[int]):
+        self.engine = engine
+        self.stop_strings = stop_strings
+        self.eos = eos
+        self.tokens: list[int] = []
+        self.sent = 0
+        self.stopped = False
+
+    def push(self, tokens: Sequence[int]) -> str:
+        if self.stopped:
+            return ""
+        self.tokens.extend(t for t in tokens if t not in self.eos)
+        full = self.engine.decode(self.tokens)
+        delta, self.stopped = visible_text(full, self.sent, self.stop_strings)
+        self.sent += len(delta)
+        return delta
+
+    def flush(self) -> str:
+        """Text held back as a possible stop-string prefix, released at the end."""
+        if self.stopped:
+            return ""
+        rest = self.engine.decode(self.tokens)[self.sent :]
+        self.sent += len(rest)
+        return rest
