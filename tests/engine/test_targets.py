@@ -1,0 +1,88 @@
+"""Target adapters against mlx-lm's own forward, and the drafter context window."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from toolflash.engine.draft_context import DraftContext, DraftWindow
+from toolflash.engine.targets.qwen3 import Qwen3Target
+from toolflash.engine.targets.qwen3_5 import Qwen35Target, gated_delta_forward
+from toolflash.kernels import gated_delta
+
+from .tiny_models import drafter_for, qwen3_target, qwen35_target
+
+TOKENS = [[5, 9, 200, 31, 7, 7, 64, 3, 150, 2, 99, 18]]
+
+
+@pytest.mark.parametrize(
+    "make,adapter_cls", [(qwen3_target, Qwen3Target), (qwen35_target, Qwen35Target)]
+)
+def test_adapter_logits_match_mlx_lm(make, adapter_cls) -> None:  # type: ignore[no-untyped-def]
+    model = make()
+    adapter = adapter_cls(model)
+    ref_cache = make_prompt_cache(model)
+    ref = model(mx.array(TOKENS), cache=ref_cache)
+    cache = adapter.make_cache()
+    out = adapter.forward(mx.array(TOKENS), cache, capture=(1, 2))
+    assert mx.allclose(out.logits, ref, atol=1e-4).item()
+    assert out.features is not None and out.features.shape == (1, 12, 2 * adapter.hidden_size)
+    # Decode steps after prefill agree too (cache layouts are mlx-lm's own).
+    ref_step = model(mx.array([[42]]), cache=ref_cache)
+    step = adapter.forward(mx.array([[42]]), cache).logits
+    assert mx.allclose(step, ref_step, atol=1e-4).item()
+
+
+def test_gated_delta_forward_matches_mlx_lm_layer() -> None:
+    model = qwen35_target()
+    adapter = Qwen35Target(model)
+    layer = next(lyr for lyr in adapter.layers if lyr.is_linear).linear_attn
+    x = mx.random.normal((1, 9, adapter.hidden_size))
+    ref_cache, cache = make_prompt_cache(model)[0], make_prompt_cache(model)[0]
+    ref = layer(x, None, ref_cache)
+    out, tape = gated_delta_forward(layer, x, cache, keep_tape=True)
+    assert mx.allclose(out, ref, atol=1e-4).item()
+    assert mx.allclose(cache[1], ref_cache[1], atol=1e-5).item()
+    assert mx.allclose(cache[0], ref_cache[0]).item()
+    assert tape is not None and len(tape.states) == 9
+
+
+def test_recurrence_states_are_prefix_states() -> None:
+    mx.random.seed(3)
+    b, t, hk, hv, dk, dv = 1, 6, 2, 4, 32, 16
+    q = mx.random.normal((b, t, hk, dk))
+    k = mx.random.normal((b, t, hk, dk)) * 0.1
+    v = mx.random.normal((b, t, hv, dv))
+    g = mx.random.uniform(shape=(b, t, hv))
+    beta = mx.random.uniform(shape=(b, t, hv))
+    s0 = mx.zeros((b, hv, dv, dk))
+    _, states = gated_delta.recurrence_ops(q, k, v, g, beta, s0, keep_states=True)
+    for n in range(1, t + 1):
+        _, final = gated_delta.recurrence_ops(
+            q[:, :n], k[:, :n], v[:, :n], g[:, :n], beta[:, :n], s0, keep_states=False
+        )
+        assert mx.allclose(states[n - 1], final[-1]).item()
+
+
+def test_draft_window_keeps_sink_and_tail() -> None:
+    model = qwen3_target()
+    drafter = drafter_for(model)
+    window = DraftWindow(sink=3, window=5)
+    assert window.keeps(6) == [(0, 6)]
+    assert window.keeps(20) == [(0, 3), (15, 20)]
+    ctx = DraftContext(drafter, window)
+    feats = mx.random.normal((1, 20, 2 * 64))
+    ctx.add_features(feats[:, :7])
+    ctx.add_features(feats[:, 7:20])
+    kv = ctx.absorb()
+    assert ctx.covered == 20
+    assert kv[0][0].shape[2] == 8
+    # The retained rows are exactly those computed for positions 0..2 and 15..19.
+    full = drafter.context_kv(drafter.fuse(feats), 0)[0][0]
+    expect = mx.concatenate([full[:, :, :3], full[:, :, 15:]], axis=2)
+    assert mx.allclose(kv[0][0], expect, atol=1e-5).item()
+    # Later appends keep the window sliding.
+    ctx.add_features(mx.random.normal((1, 2, 2 * 64)))
+    kv = ctx.absorb()
+    assert kv[0][0].shape[2] == 8 and ctx.covered == 22
