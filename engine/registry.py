@@ -1,0 +1,72 @@
+"""Published target -> DFlash draft pairs, and which target families the engine runs.
+
+Resolution strips the org (or a local path's parents) and matches the target name exactly or
+as a `name-...` / `name_...` variant such as mlx-community's quantized conversions
+(`mlx-community/Qwen3-4B-4bit` -> `z-lab/Qwen3-4B-DFlash-b16`); the longest match wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Family = Literal["qwen3", "qwen3_5"]
+
+# mlx-lm `model_type` -> adapter family: pure attention (KV-trim rollback) or the
+# GatedDeltaNet + attention hybrids (recurrent-state rollback). Qwen3.6 reuses qwen3_5 types.
+FAMILY_BY_MODEL_TYPE: dict[str, Family] = {
+    "qwen3": "qwen3",
+    "qwen3_5": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5",
+}
+
+
+@dataclass(frozen=True)
+class DraftPair:
+    """A target model name (without org) and the z-lab drafter trained for it."""
+
+    target: str
+    draft: str
+    family: Family
+
+
+PAIRS: tuple[DraftPair, ...] = (
+    DraftPair("Qwen3.5-4B", "z-lab/Qwen3.5-4B-DFlash", "qwen3_5"),
+    DraftPair("Qwen3.5-9B", "z-lab/Qwen3.5-9B-DFlash", "qwen3_5"),
+    DraftPair("Qwen3.5-27B", "z-lab/Qwen3.5-27B-DFlash", "qwen3_5"),
+    DraftPair("Qwen3.5-35B-A3B", "z-lab/Qwen3.5-35B-A3B-DFlash", "qwen3_5"),
+    DraftPair("Qwen3.6-27B", "z-lab/Qwen3.6-27B-DFlash", "qwen3_5"),
+    DraftPair("Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "qwen3_5"),
+    DraftPair("Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16", "qwen3"),
+    DraftPair("Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "qwen3"),
+)
+
+
+def family_of(model_type: str) -> Family | None:
+    """The engine family for an mlx-lm `model_type`, or None when unsupported."""
+    return FAMILY_BY_MODEL_TYPE.get(model_type)
+
+
+def _base_name(model: str) -> str:
+    return model.rstrip("/").rsplit("/", 1)[-1]
+
+
+def find_pair(model: str, pairs: tuple[DraftPair, ...] = PAIRS) -> DraftPair | None:
+    """The published pair for a hub id or local path, or None.
+
+    Matching is case-insensitive on the name without org: `Qwen3-4B`, `Qwen3-4B-4bit` and
+    `Qwen3-4B_mlx` match `Qwen3-4B`; `Qwen3-40B` does not."""
+    name = _base_name(model).lower()
+    best: DraftPair | None = None
+    for pair in pairs:
+        target = pair.target.lower()
+        if name == target or name.startswith((target + "-", target + "_")):
+            if best is None or len(pair.target) > len(best.target):
+                best = pair
+    return best
+
+
+def draft_for(model: str) -> str | None:
+    """The z-lab draft repo for `model`, or None when no published draft fits it."""
+    pair = find_pair(model)
+    return pair.draft if pair else None

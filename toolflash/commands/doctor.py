@@ -1,0 +1,349 @@
+"""`toolflash doctor`: platform, MLX device, BLAS and its speed, versions, model loadability.
+
+Every check reports ok, warn or fail with a reason; the exit code is 1 when any check fails
+(a requested model that does not resolve or load, MLX missing, a broken embedded model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.metadata
+import importlib.util
+import inspect
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Status = Literal["ok", "warn", "fail"]
+
+PACKAGES = (
+    "mlx",
+    "mlx-lm",
+    "starlette",
+    "uvicorn",
+    "tokenizers",
+    "transformers",
+    "huggingface-hub",
+    "pydantic",
+)
+OPTIMIZED_BLAS = {"openblas", "mkl", "blis", "accelerate"}
+# Below this a float32 CPU matmul is running on a reference BLAS or a starved machine.
+SLOW_F32_GFLOPS = 20.0
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the report."""
+
+    name: str
+    status: Status
+    detail: str
+
+
+@dataclass
+class Report:
+    """Facts gathered (for --json) and the checks derived from them."""
+
+    facts: dict[str, Any] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, name: str, status: Status, detail: str) -> None:
+        self.checks.append(Check(name, status, detail))
+
+    def guard(self, name: str, fn: Callable[[], tuple[Status, str]]) -> None:
+        """Run one check; any exception becomes a fail line carrying its message (a doctor
+        must report every problem, not stop at the first)."""
+        try:
+            status, detail = fn()
+        except Exception as exc:
+            status, detail = "fail", f"{type(exc).__name__}: {exc}"
+        self.add(name, status, detail)
+
+    @property
+    def failed(self) -> bool:
+        return any(c.status == "fail" for c in self.checks)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--model", help="target to check: local directory or hub id")
+    parser.add_argument("--draft", help="DFlash draft to check (against --model if given)")
+    parser.add_argument(
+        "--no-bench", action="store_true", help="skip the matmul GFLOP/s measurement"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    report = Report()
+    check_platform(report)
+    mlx_ok = check_mlx(report)
+    if mlx_ok:
+        check_blas(report, bench=not args.no_bench)
+    check_versions(report)
+    if mlx_ok:
+        check_embedded(report)
+        if args.model or args.draft:
+            check_requested(report, args.model, args.draft)
+    if args.json:
+        payload = {
+            **report.facts,
+            "checks": [asdict(c) for c in report.checks],
+            "ok": not report.failed,
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        print(render(report))
+    return 1 if report.failed else 0
+
+
+def render(report: Report) -> str:
+    p = report.facts["platform"]
+    lines = [
+        "toolflash doctor",
+        f"  {p['system']} {p['release']} {p['machine']}, {p['cpus']} CPUs, "
+        f"Python {p['python']} ({p['executable']})",
+    ]
+    width = max(len(c.name) for c in report.checks)
+    for c in report.checks:
+        lines.append(f"  {c.status:<4}  {c.name:<{width}}  {c.detail}")
+    return "\n".join(lines)
+
+
+def check_platform(report: Report) -> None:
+    report.facts["platform"] = {
+        "system": platform.system(),
+        "release": platform.release(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "executable": sys.executable,
+    }
+
+
+def check_mlx(report: Report) -> bool:
+    try:
+        import mlx.core as mx
+    except ImportError as exc:
+        report.add("mlx", "fail", f"cannot import mlx: {exc} (pip install 'mlx[cpu]' on Linux)")
+        return False
+    version = str(getattr(mx, "__version__", "?"))
+    device = mx.default_device()
+    metal = bool(mx.metal.is_available())
+    cuda = bool(mx.cuda.is_available()) if hasattr(mx, "cuda") else False
+    report.facts["mlx"] = {
+        "version": version,
+        "default_device": "gpu" if device == mx.gpu else "cpu",
+        "metal": metal,
+        "cuda": cuda,
+    }
+    kind = "gpu" if device == mx.gpu else "cpu"
+    report.add(
+        "mlx",
+        "ok",
+        f"mlx {version}, default device {kind} (metal: {'yes' if metal else 'no'}, "
+        f"cuda: {'yes' if cuda else 'no'})",
+    )
+    return True
+
+
+def check_blas(report: Report, bench: bool) -> None:
+    from toolflash.blas import NO_REEXEC_ENV, blas_info, measure_matmul_gflops
+
+    info = blas_info()
+    on_cpu = report.facts["mlx"]["default_device"] == "cpu"
+    report.facts["blas"] = {"name": info.name, "path": info.path}
+    where = f" ({info.path})" if info.path else ""
+    if info.name in OPTIMIZED_BLAS or not on_cpu:
+        report.add("blas", "ok", f"{info.name}{where}")
+    else:
+        hint = (
+            f"; {NO_REEXEC_ENV} is set"
+            if os.environ.get(NO_REEXEC_ENV)
+            else "; install Debian's libopenblas0-pthread and toolflash preloads it"
+        )
+        report.add("blas", "warn", f"{info.name}{where}: slow CPU matmuls{hint}")
+    if not bench:
+        return
+    # bf16 runs MLX's own (slow) CPU kernel: a smaller matrix keeps the doctor quick.
+    sizes = {"float32": 1024, "bfloat16": 512 if on_cpu else 1024}
+    gflops = {dt: measure_matmul_gflops(n, dt) for dt, n in sizes.items()}
+    report.facts["blas"]["gflops"] = {dt: round(v, 2) for dt, v in gflops.items()}
+    detail = ", ".join(f"{dt} {gflops[dt]:.1f} GFLOP/s (n={n})" for dt, n in sizes.items())
+    slow = on_cpu and gflops["float32"] < SLOW_F32_GFLOPS
+    report.add("matmul", "warn" if slow else "ok", detail + (" - slow" if slow else ""))
+
+
+def check_versions(report: Report) -> None:
+    versions: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    report.facts["versions"] = versions
+    missing = [n for n, v in versions.items() if v is None]
+    shown = ", ".join(f"{n} {v}" for n, v in versions.items() if v)
+    if missing:
+        report.add("versions", "fail", f"missing: {', '.join(missing)}; found {shown}")
+    else:
+        report.add("versions", "ok", shown)
+
+
+# --- models --------------------------------------------------------------------------------
+
+
+def _load_target(path: Path) -> tuple[Status, str, dict[str, Any]]:
+    """Parse the config, check the family, and build the model with its weights attached
+    lazily (names and shapes are checked, tensors are not read)."""
+    from mlx_lm.utils import load_config, load_model
+
+    from toolflash.engine.registry import FAMILY_BY_MODEL_TYPE, family_of
+
+    config = load_config(path)
+    model_type = str(config.get("model_type", ""))
+    family = family_of(model_type)
+    if family is None:
+        supported = ", ".join(sorted(FAMILY_BY_MODEL_TYPE))
+        return "fail", f"model_type '{model_type}' is not supported (supported: {supported})", {}
+    load_model(path, lazy=True, strict=True)
+    text = config.get("text_config") or config
+    detail = (
+        f"{path}: {model_type} (family {family}), hidden {text.get('hidden_size')}, "
+        f"{text.get('num_hidden_layers')} layers, vocab {text.get('vocab_size')}"
+    )
+    return "ok", detail, config
+
+
+def _load_draft_against(draft: Path, target_config: dict[str, Any]) -> tuple[Status, str]:
+    from toolflash.engine.draft_loading import TargetInfo, load_draft
+    from toolflash.engine.registry import family_of
+
+    family = family_of(str(target_config.get("model_type", ""))) or "?"
+    drafter = load_draft(draft, TargetInfo.from_config(target_config, family))
+    cfg = drafter.config
+    return "ok", (
+        f"{draft}: {cfg.num_hidden_layers} layers, block {cfg.block_size}, "
+        f"target layers {list(cfg.target_layer_ids)}, mask id {cfg.mask_token_id}"
+    )
+
+
+def _draft_config_only(draft: Path) -> tuple[Status, str]:
+    from toolflash.engine.draft_loading import read_draft_config
+
+    cfg = read_draft_config(draft)
+    return "warn", (
+        f"{draft}: config parses (block {cfg.block_size}, {cfg.num_target_layers} target "
+        "layers) but weights were not checked: pass --model to check the pair"
+    )
+
+
+def check_requested(report: Report, model: str | None, draft: str | None) -> None:
+    """--model / --draft: resolve (local dir or hub) and load each."""
+    from toolflash.engine.hub import resolve_model_path
+    from toolflash.engine.registry import find_pair
+
+    target_config: dict[str, Any] | None = None
+    if model:
+
+        def target_check() -> tuple[Status, str]:
+            nonlocal target_config
+            status, detail, cfg = _load_target(resolve_model_path(model))
+            target_config = cfg or None
+            return status, detail
+
+        report.guard("model", target_check)
+        if not draft:
+            pair = find_pair(model)
+            if pair:
+                report.add(
+                    "draft", "ok", f"published pair: {pair.draft} (pass --draft to check it)"
+                )
+            else:
+                report.add(
+                    "draft",
+                    "warn",
+                    "no published DFlash draft for this model: spec mode needs --draft",
+                )
+    if draft:
+        cfg = target_config
+        if cfg is not None:
+            report.guard("draft", lambda: _load_draft_against(resolve_model_path(draft), cfg))
+        elif model:
+            report.add("draft", "fail", "not checked: the target did not load")
+        else:
+            report.guard("draft", lambda: _draft_config_only(resolve_model_path(draft)))
+
+
+def check_embedded(report: Report) -> None:
+    """The embedded tiny pair: build the engine when the factory exists, else load each
+    target (lazily) and each draft against its target."""
+    from toolflash.commands.models import TINY_ROOT, embedded_models
+
+    models = embedded_models()
+    report.facts["embedded"] = [asdict(m) for m in models]
+    if not models:
+        report.add("embedded", "warn", f"none built in {TINY_ROOT} (see `toolflash zoo`)")
+        return
+    targets: list[tuple[Path, dict[str, Any]]] = []
+    for m in (m for m in models if m.role != "draft"):
+        path = Path(m.path)
+
+        def target_check(path: Path = path) -> tuple[Status, str]:
+            status, detail, cfg = _load_target(path)
+            if cfg:
+                targets.append((path, cfg))
+            return status, detail
+
+        report.guard(f"embedded:{m.name}", target_check)
+    for m in (m for m in models if m.role == "draft"):
+        path = Path(m.path)
+        partner = _partner(path, targets)
+        if partner is None:
+            report.add(f"embedded:{m.name}", "fail", "no embedded target loaded to pair it with")
+            continue
+        report.guard(f"embedded:{m.name}", functools.partial(_load_draft_against, path, partner))
+    if importlib.util.find_spec("toolflash.engine.factory") is not None:
+        report.guard("engine", _build_default_engine)
+
+
+def _partner(draft: Path, targets: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any] | None:
+    """The embedded target whose width and depth the draft was trained for (else the first,
+    so that load_draft names the mismatch)."""
+    if not targets:
+        return None
+    try:
+        raw = json.loads((draft / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return targets[0][1]
+    for _, cfg in targets:
+        text = cfg.get("text_config") or cfg
+        if text.get("hidden_size") == raw.get("hidden_size") and text.get(
+            "num_hidden_layers"
+        ) == raw.get("num_target_layers"):
+            return cfg
+    return targets[0][1]
+
+
+def _build_default_engine() -> tuple[Status, str]:
+    # Imported by name: the factory module arrives with the engine and may be absent.
+    factory = importlib.import_module("toolflash.engine.factory")
+
+    build = getattr(factory, "build_engine", None)
+    if build is None:
+        return "warn", "toolflash.engine.factory has no build_engine"
+    params = inspect.signature(build).parameters.values()
+    required = [
+        p.name
+        for p in params
+        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if required:
+        return "warn", f"build_engine needs {', '.join(required)}: only configs were checked"
+    engine = build()
+    return "ok", f"default engine builds: model {engine.model_id}, draft {engine.draft_id}"
