@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import Any
 
 # Subcommand name -> module in toolflash.commands exposing `add_arguments(parser)` and
 # `run(args) -> int`. Modules are imported lazily so `toolflash --help` stays fast.
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(module_name: str):  # type: ignore[no-untyped-def]
+def _load(module_name: str) -> Any:
     try:
         return importlib.import_module(f"toolflash.commands.{module_name}")
     except ModuleNotFoundError as exc:
