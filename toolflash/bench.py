@@ -1,0 +1,184 @@
+"""Speculative vs target-only decoding, side by side in one process, per prompt kind.
+
+For every prompt both modes run on the same engine (alternating, after a warm-up), so the
+ratio is measured under the same conditions. Reports decode tok/s per mode, the speedup,
+tokens per cycle, acceptance by block position, the phase split of speculative cycles, and
+whether speculative output equalled AR output token for token (the lossless contract).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from toolflash.engine.api import Engine, FinishEvent, GenerationRequest, GenerationStats, Mode
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One chat prompt of a kind (free_text, code, tool_call, json)."""
+
+    kind: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class KindResult:
+    """Aggregated figures for one prompt kind."""
+
+    kind: str
+    prompts: int
+    ar_tok_s: float
+    spec_tok_s: float
+    speedup: float
+    tokens_per_cycle: float
+    acceptance_by_pos: list[float]
+    phase_split: dict[str, float]
+    mean_prompt_tokens: float
+    mean_output_tokens: float
+    lossless: bool
+
+
+def _run(
+    engine: Engine, prompt: list[int], mode: Mode, max_tokens: int
+) -> tuple[list[int], GenerationStats]:
+    request = GenerationRequest(prompt_tokens=tuple(prompt), max_tokens=max_tokens, mode=mode)
+    tokens: list[int] = []
+    stats = None
+    for event in engine.generate(request):
+        if isinstance(event, FinishEvent):
+            stats = event.stats
+        else:
+            tokens.extend(event.token_ids)
+    assert stats is not None
+    return tokens, stats
+
+
+def bench_kind(
+    engine: Engine, kind: str, prompts: Sequence[BenchPrompt], max_tokens: int, repeats: int
+) -> KindResult:
+    """Run every prompt of one kind in both modes; report medians of per-run decode speed."""
+    ar_speeds: list[float] = []
+    spec_speeds: list[float] = []
+    spec_stats: list[GenerationStats] = []
+    lossless = True
+    prompt_lens, out_lens = [], []
+    for p in prompts:
+        ids = engine.encode_chat(p.messages, p.tools, p.template_kwargs)
+        prompt_lens.append(len(ids))
+        _run(engine, ids, "ar", 8)  # warm-up: first-call compilation, allocator
+        for _ in range(repeats):
+            ar_tokens, ar = _run(engine, ids, "ar", max_tokens)
+            spec_tokens, spec = _run(engine, ids, "spec", max_tokens)
+            lossless &= ar_tokens == spec_tokens
+            ar_speeds.append(ar.decode_tokens_per_s)
+            spec_speeds.append(spec.decode_tokens_per_s)
+            spec_stats.append(spec)
+            out_lens.append(len(ar_tokens))
+    ar_med, spec_med = statistics.median(ar_speeds), statistics.median(spec_speeds)
+    cycles = [c for s in spec_stats for c in s.cycles if c.mode == "spec"]
+    block = max((c.block_size for c in cycles), default=1)
+    by_pos = [
+        sum(1 for c in cycles if c.accepted >= k) / len(cycles) if cycles else 0.0
+        for k in range(1, block)
+    ]
+    phase_total = sum(c.total_s for c in cycles) or 1.0
+    return KindResult(
+        kind=kind,
+        prompts=len(prompts),
+        ar_tok_s=ar_med,
+        spec_tok_s=spec_med,
+        speedup=spec_med / ar_med if ar_med else 0.0,
+        tokens_per_cycle=sum(c.committed for c in cycles) / len(cycles) if cycles else 0.0,
+        acceptance_by_pos=[round(x, 3) for x in by_pos],
+        phase_split={
+            "draft": sum(c.draft_s for c in cycles) / phase_total,
+            "verify": sum(c.verify_s for c in cycles) / phase_total,
+            "rollback": sum(c.rollback_s for c in cycles) / phase_total,
+        },
+        mean_prompt_tokens=statistics.mean(prompt_lens),
+        mean_output_tokens=statistics.mean(out_lens) if out_lens else 0.0,
+        lossless=lossless,
+    )
+
+
+def run_benchmark(
+    engine: Engine,
+    prompts: Sequence[BenchPrompt],
+    max_tokens: int = 256,
+    repeats: int = 1,
+) -> dict[str, Any]:
+    """All kinds; returns a JSON-able report with versions and machine."""
+    kinds: dict[str, list[BenchPrompt]] = {}
+    for p in prompts:
+        kinds.setdefault(p.kind, []).append(p)
+    t0 = time.perf_counter()
+    results = [bench_kind(engine, k, ps, max_tokens, repeats) for k, ps in kinds.items()]
+    return {
+        "model": engine.model_id,
+        "draft": engine.draft_id,
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "machine": _machine(),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "kinds": [asdict(r) for r in results],
+    }
+
+
+def _machine() -> dict[str, Any]:
+    import mlx.core as mx
+
+    from toolflash.blas import blas_in_use
+
+    info: Mapping[str, Any] = {
+        "platform": platform.platform(),
+        "processor": platform.machine(),
+        "mlx": getattr(mx, "__version__", "?"),
+        "device": str(mx.default_device()),
+        "blas": str(blas_in_use()),
+    }
+    return dict(info)
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """A fixed-width table of the report."""
+    lines = [
+        f"model={report['model']} draft={report['draft']} max_tokens={report['max_tokens']} "
+        f"device={report['machine']['device']} blas={report['machine']['blas']}",
+        f"{'kind':<10} {'AR tok/s':>9} {'spec tok/s':>10} {'speedup':>8} {'tok/cycle':>9} "
+        f"{'draft%':>7} {'verify%':>8} {'rollb%':>7} {'prompt':>7} {'out':>5} lossless",
+    ]
+    for r in report["kinds"]:
+        ph = r["phase_split"]
+        lines.append(
+            f"{r['kind']:<10} {r['ar_tok_s']:>9.1f} {r['spec_tok_s']:>10.1f} "
+            f"{r['speedup']:>7.2f}x {r['tokens_per_cycle']:>9.2f} {100 * ph['draft']:>6.1f}% "
+            f"{100 * ph['verify']:>7.1f}% {100 * ph['rollback']:>6.1f}% "
+            f"{r['mean_prompt_tokens']:>7.0f} {r['mean_output_tokens']:>5.0f} {r['lossless']}"
+        )
+    return "\n".join(lines)
+
+
+def load_prompts(path: str) -> list[BenchPrompt]:
+    """Prompts from a JSONL file of {"kind", "messages", "tools"?, "template_kwargs"?}."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                d = json.loads(line)
+                out.append(
+                    BenchPrompt(
+                        kind=d["kind"],
+                        messages=d["messages"],
+                        tools=d.get("tools"),
+                        template_kwargs=d.get("template_kwargs") or {},
+                    )
+                )
+    return out
