@@ -1,4 +1,4 @@
-"""Published target -> DFlash draft pairs, and which target families the engine runs.
+"""Published target -> DFlash draft pairs (z-lab drafts for Qwen3 and Qwen3.5/3.6 targets).
 
 Resolution strips the org (or a local path's parents) and matches the target name exactly or
 as a `name-...` / `name_...` variant such as mlx-community's quantized conversions
@@ -11,14 +11,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 Family = Literal["qwen3", "qwen3_5"]
-
-# mlx-lm `model_type` -> adapter family: pure attention (KV-trim rollback) or the
-# GatedDeltaNet + attention hybrids (recurrent-state rollback). Qwen3.6 reuses qwen3_5 types.
-FAMILY_BY_MODEL_TYPE: dict[str, Family] = {
-    "qwen3": "qwen3",
-    "qwen3_5": "qwen3_5",
-    "qwen3_5_moe": "qwen3_5",
-}
 
 
 @dataclass(frozen=True)
@@ -40,11 +32,6 @@ PAIRS: tuple[DraftPair, ...] = (
     DraftPair("Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16", "qwen3"),
     DraftPair("Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "qwen3"),
 )
-
-
-def family_of(model_type: str) -> Family | None:
-    """The engine family for an mlx-lm `model_type`, or None when unsupported."""
-    return FAMILY_BY_MODEL_TYPE.get(model_type)
 
 
 def _base_name(model: str) -> str:

@@ -71,7 +71,7 @@ def random_weights(cfg: dict[str, Any], seed: int = 0) -> dict[str, mx.array]:
     drafter = DFlashDrafter(DraftConfig.from_dict(cfg))
     return {
         k: (mx.random.normal(v.shape) * 0.05).astype(mx.bfloat16)
-        for k, v in tree_flatten(drafter.parameters())
+        for k, v in dict(tree_flatten(drafter.parameters())).items()
     }
 
 
@@ -136,7 +136,8 @@ def test_requested_dtype(tmp_path: Path) -> None:
     cfg = zlab_config()
     path = write_draft(tmp_path / "d", cfg, random_weights(cfg))
     drafter = load_draft(path, TARGET, dtype=mx.bfloat16)
-    assert {v.dtype for _, v in tree_flatten(drafter.parameters())} == {mx.bfloat16}
+    params = dict(tree_flatten(drafter.parameters()))
+    assert {v.dtype for v in params.values()} == {mx.bfloat16}
 
 
 def test_block_size_inside_dflash_config(tmp_path: Path) -> None:

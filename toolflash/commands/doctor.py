@@ -7,10 +7,9 @@ Every check reports ok, warn or fail with a reason; the exit code is 1 when any 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib.metadata
-import importlib.util
-import inspect
 import json
 import os
 import platform
@@ -81,15 +80,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     report = Report()
-    check_platform(report)
-    mlx_ok = check_mlx(report)
-    if mlx_ok:
-        check_blas(report, bench=not args.no_bench)
-    check_versions(report)
-    if mlx_ok:
-        check_embedded(report)
-        if args.model or args.draft:
-            check_requested(report, args.model, args.draft)
+    # Loaders log (structlog prints to stdout by default): keep stdout for the report alone.
+    with contextlib.redirect_stdout(sys.stderr):
+        check_platform(report)
+        mlx_ok = check_mlx(report)
+        if mlx_ok:
+            check_blas(report, bench=not args.no_bench)
+        check_versions(report)
+        if mlx_ok:
+            check_embedded(report)
+            if args.model or args.draft:
+                check_requested(report, args.model, args.draft)
     if args.json:
         payload = {
             **report.facts,
@@ -198,34 +199,44 @@ def check_versions(report: Report) -> None:
 # --- models --------------------------------------------------------------------------------
 
 
-def _load_target(path: Path) -> tuple[Status, str, dict[str, Any]]:
-    """Parse the config, check the family, and build the model with its weights attached
-    lazily (names and shapes are checked, tensors are not read)."""
-    from mlx_lm.utils import load_config, load_model
+@dataclass(frozen=True)
+class LoadedTarget:
+    """A target that passed its check: where it is, its config and its adapter family."""
 
-    from toolflash.engine.registry import FAMILY_BY_MODEL_TYPE, family_of
+    path: Path
+    config: dict[str, Any]
+    family: str
+
+
+def _check_target(path: Path) -> tuple[Status, str, LoadedTarget | None]:
+    """Parse the config, check the family has an adapter, build the model with its weights
+    attached lazily (names and shapes checked, tensors not read) and load the tokenizer."""
+    from mlx_lm.utils import load_config, load_model, load_tokenizer
+
+    from toolflash.engine.factory import TARGET_ADAPTERS, read_model_type
 
     config = load_config(path)
-    model_type = str(config.get("model_type", ""))
-    family = family_of(model_type)
-    if family is None:
-        supported = ", ".join(sorted(FAMILY_BY_MODEL_TYPE))
-        return "fail", f"model_type '{model_type}' is not supported (supported: {supported})", {}
+    model_type = read_model_type(path)
+    adapter = TARGET_ADAPTERS.get(model_type)
+    if adapter is None:
+        supported = ", ".join(sorted(TARGET_ADAPTERS))
+        return "fail", f"model_type '{model_type}' is not supported (supported: {supported})", None
     load_model(path, lazy=True, strict=True)
+    tokenizer = load_tokenizer(path)
     text = config.get("text_config") or config
+    family = str(adapter.family)
     detail = (
         f"{path}: {model_type} (family {family}), hidden {text.get('hidden_size')}, "
-        f"{text.get('num_hidden_layers')} layers, vocab {text.get('vocab_size')}"
+        f"{text.get('num_hidden_layers')} layers, vocab {text.get('vocab_size')}, "
+        f"tokenizer {len(tokenizer.vocab)} tokens"
     )
-    return "ok", detail, config
+    return "ok", detail, LoadedTarget(path, config, family)
 
 
-def _load_draft_against(draft: Path, target_config: dict[str, Any]) -> tuple[Status, str]:
+def _check_draft(draft: Path, target: LoadedTarget) -> tuple[Status, str]:
     from toolflash.engine.draft_loading import TargetInfo, load_draft
-    from toolflash.engine.registry import family_of
 
-    family = family_of(str(target_config.get("model_type", ""))) or "?"
-    drafter = load_draft(draft, TargetInfo.from_config(target_config, family))
+    drafter = load_draft(draft, TargetInfo.from_config(target.config, target.family))
     cfg = drafter.config
     return "ok", (
         f"{draft}: {cfg.num_hidden_layers} layers, block {cfg.block_size}, "
@@ -233,7 +244,7 @@ def _load_draft_against(draft: Path, target_config: dict[str, Any]) -> tuple[Sta
     )
 
 
-def _draft_config_only(draft: Path) -> tuple[Status, str]:
+def _check_draft_config(draft: Path) -> tuple[Status, str]:
     from toolflash.engine.draft_loading import read_draft_config
 
     cfg = read_draft_config(draft)
@@ -248,41 +259,36 @@ def check_requested(report: Report, model: str | None, draft: str | None) -> Non
     from toolflash.engine.hub import resolve_model_path
     from toolflash.engine.registry import find_pair
 
-    target_config: dict[str, Any] | None = None
+    loaded: list[LoadedTarget] = []
     if model:
 
         def target_check() -> tuple[Status, str]:
-            nonlocal target_config
-            status, detail, cfg = _load_target(resolve_model_path(model))
-            target_config = cfg or None
+            status, detail, target = _check_target(resolve_model_path(model))
+            loaded.extend([target] if target else [])
             return status, detail
 
         report.guard("model", target_check)
-        if not draft:
-            pair = find_pair(model)
-            if pair:
-                report.add(
-                    "draft", "ok", f"published pair: {pair.draft} (pass --draft to check it)"
-                )
-            else:
-                report.add(
-                    "draft",
-                    "warn",
-                    "no published DFlash draft for this model: spec mode needs --draft",
-                )
-    if draft:
-        cfg = target_config
-        if cfg is not None:
-            report.guard("draft", lambda: _load_draft_against(resolve_model_path(draft), cfg))
-        elif model:
-            report.add("draft", "fail", "not checked: the target did not load")
-        else:
-            report.guard("draft", lambda: _draft_config_only(resolve_model_path(draft)))
+        pair = find_pair(model)
+        if not draft and pair:
+            report.add("draft", "ok", f"published pair: {pair.draft} (pass --draft to check it)")
+        elif not draft:
+            report.add(
+                "draft", "warn", "no published DFlash draft for this model: spec mode needs --draft"
+            )
+    if not draft:
+        return
+    if loaded:
+        target = loaded[0]
+        report.guard("draft", lambda: _check_draft(resolve_model_path(draft), target))
+    elif model:
+        report.add("draft", "fail", "not checked: the target did not load")
+    else:
+        report.guard("draft", lambda: _check_draft_config(resolve_model_path(draft)))
 
 
 def check_embedded(report: Report) -> None:
-    """The embedded tiny pair: build the engine when the factory exists, else load each
-    target (lazily) and each draft against its target."""
+    """The embedded tiny models: each target loads (lazily), each draft loads against the
+    target it was trained for, and the engine builds from the first pair."""
     from toolflash.commands.models import TINY_ROOT, embedded_models
 
     models = embedded_models()
@@ -290,29 +296,31 @@ def check_embedded(report: Report) -> None:
     if not models:
         report.add("embedded", "warn", f"none built in {TINY_ROOT} (see `toolflash zoo`)")
         return
-    targets: list[tuple[Path, dict[str, Any]]] = []
+    targets: list[LoadedTarget] = []
     for m in (m for m in models if m.role != "draft"):
-        path = Path(m.path)
 
-        def target_check(path: Path = path) -> tuple[Status, str]:
-            status, detail, cfg = _load_target(path)
-            if cfg:
-                targets.append((path, cfg))
+        def target_check(path: Path = Path(m.path)) -> tuple[Status, str]:
+            status, detail, target = _check_target(path)
+            targets.extend([target] if target else [])
             return status, detail
 
         report.guard(f"embedded:{m.name}", target_check)
+    pairs: list[tuple[LoadedTarget, Path]] = []
     for m in (m for m in models if m.role == "draft"):
-        path = Path(m.path)
-        partner = _partner(path, targets)
+        partner = _partner(Path(m.path), targets)
         if partner is None:
             report.add(f"embedded:{m.name}", "fail", "no embedded target loaded to pair it with")
             continue
-        report.guard(f"embedded:{m.name}", functools.partial(_load_draft_against, path, partner))
-    if importlib.util.find_spec("toolflash.engine.factory") is not None:
-        report.guard("engine", _build_default_engine)
+        before = len(report.checks)
+        report.guard(f"embedded:{m.name}", functools.partial(_check_draft, Path(m.path), partner))
+        if report.checks[before].status == "ok":
+            pairs.append((partner, Path(m.path)))
+    if pairs:
+        target, draft = pairs[0]
+        report.guard("engine", functools.partial(_build_engine, target.path, draft))
 
 
-def _partner(draft: Path, targets: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any] | None:
+def _partner(draft: Path, targets: list[LoadedTarget]) -> LoadedTarget | None:
     """The embedded target whose width and depth the draft was trained for (else the first,
     so that load_draft names the mismatch)."""
     if not targets:
@@ -320,30 +328,21 @@ def _partner(draft: Path, targets: list[tuple[Path, dict[str, Any]]]) -> dict[st
     try:
         raw = json.loads((draft / "config.json").read_text())
     except (OSError, json.JSONDecodeError):
-        return targets[0][1]
-    for _, cfg in targets:
-        text = cfg.get("text_config") or cfg
+        return targets[0]
+    for target in targets:
+        text = target.config.get("text_config") or target.config
         if text.get("hidden_size") == raw.get("hidden_size") and text.get(
             "num_hidden_layers"
         ) == raw.get("num_target_layers"):
-            return cfg
-    return targets[0][1]
+            return target
+    return targets[0]
 
 
-def _build_default_engine() -> tuple[Status, str]:
-    # Imported by name: the factory module arrives with the engine and may be absent.
-    factory = importlib.import_module("toolflash.engine.factory")
+def _build_engine(target: Path, draft: Path) -> tuple[Status, str]:
+    from toolflash.engine.factory import build_engine
 
-    build = getattr(factory, "build_engine", None)
-    if build is None:
-        return "warn", "toolflash.engine.factory has no build_engine"
-    params = inspect.signature(build).parameters.values()
-    required = [
-        p.name
-        for p in params
-        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    ]
-    if required:
-        return "warn", f"build_engine needs {', '.join(required)}: only configs were checked"
-    engine = build()
-    return "ok", f"default engine builds: model {engine.model_id}, draft {engine.draft_id}"
+    engine = build_engine(str(target), str(draft))
+    return "ok", (
+        f"engine builds from {target.name} + {draft.name} "
+        f"(context {engine.context_length}, tool format {engine.tool_call_format})"
+    )
