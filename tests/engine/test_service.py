@@ -1,0 +1,95 @@
+"""DFlashEngine through the real loading path: text, stops, modes, cancellation, errors."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolflash.engine.api import ContextLengthError, FinishEvent, GenerationRequest, TokenEvent
+from toolflash.engine.factory import UnsupportedModelError, build_engine
+
+from .model_dirs import write_draft, write_qwen3_target
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    root = tmp_path_factory.mktemp("models")
+    config = write_qwen3_target(root / "target")
+    write_draft(root / "draft", config)
+    return build_engine(str(root / "target"), str(root / "draft"))
+
+
+def collect(
+    engine: Any, request: GenerationRequest, cancel: Any = None
+) -> tuple[list[int], str, FinishEvent]:
+    tokens: list[int] = []
+    text = ""
+    finish = None
+    for event in engine.generate(request, cancel):
+        if isinstance(event, TokenEvent):
+            tokens.extend(event.token_ids)
+            text += event.text
+        else:
+            finish = event
+    assert finish is not None
+    return tokens, text, finish
+
+
+def test_spec_equals_ar_through_the_engine(engine: Any) -> None:
+    prompt = tuple(engine.encode_chat([{"role": "user", "content": "def add(a, b):"}]))
+    ar = collect(engine, GenerationRequest(prompt, 64, mode="ar"))
+    spec = collect(engine, GenerationRequest(prompt, 64, mode="spec"))
+    assert ar[0] == spec[0] and ar[1] == spec[1]
+    assert spec[2].stats.spec_cycles > 0 and ar[2].stats.spec_cycles == 0
+    assert len(spec[0]) == spec[2].stats.completion_tokens
+    # The text is exactly the decoded tokens (minus EOS).
+    assert spec[1] == engine.decode([t for t in spec[0] if t not in engine.eos_ids])
+
+
+def test_stop_string_is_cut_exactly(engine: Any) -> None:
+    prompt = tuple(engine.encode("Hello world"))
+    _, full_text, _ = collect(engine, GenerationRequest(prompt, 48, mode="ar"))
+    assert len(full_text) > 12
+    stop = full_text[9:12]
+    for mode in ("ar", "spec"):
+        tokens, text, finish = collect(
+            engine, GenerationRequest(prompt, 48, mode=mode, stop_strings=(stop,))
+        )
+        assert text == full_text[: full_text.find(stop)]
+        assert finish.finish_reason == "stop"
+        assert stop in engine.decode(tokens)  # generation ended on the completing token
+
+
+def test_max_tokens_and_mode_plan(engine: Any) -> None:
+    prompt = tuple(engine.encode("import os"))
+    ref, _, _ = collect(engine, GenerationRequest(prompt, 37, mode="ar"))
+    plan = {1: "ar", 2: "ar", 5: "spec", 9: "ar", 12: "spec"}
+    tokens, _, finish = collect(engine, GenerationRequest(prompt, 37, mode="spec", mode_plan=plan))  # type: ignore[arg-type]
+    assert tokens == ref and len(tokens) == 37 and finish.finish_reason == "length"
+    assert set(finish.stats.modes) == {"spec", "ar"}
+
+
+def test_cancel_stops_within_a_cycle(engine: Any) -> None:
+    prompt = tuple(engine.encode("def add"))
+    cancel = threading.Event()
+    events = engine.generate(GenerationRequest(prompt, 500, mode="spec"), cancel)
+    next(events)
+    next(events)
+    cancel.set()
+    rest = list(events)
+    assert len(rest) <= 2 and isinstance(rest[-1], FinishEvent)
+    assert rest[-1].finish_reason == "cancelled"
+
+
+def test_prompt_beyond_context_is_refused(engine: Any) -> None:
+    with pytest.raises(ContextLengthError, match="maximum context length is 2048"):
+        list(engine.generate(GenerationRequest(tuple([5] * 2100), 10)))
+
+
+def test_unknown_family_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(UnsupportedModelError, match="'llama'.*not supported"):
+        build_engine(str(tmp_path))
