@@ -108,9 +108,11 @@ def check_config(cfg: DraftConfig, target: TargetInfo) -> None:
         raise DraftLoadError(f"draft block_size {cfg.block_size} must be at least 2")
     sliding = [i for i, t in enumerate(_layer_types(cfg)) if t == "sliding_attention"]
     if sliding:
+        window = cfg.sliding_window or cfg.raw.get("sliding_window")
         raise DraftLoadError(
-            f"draft layers {sliding} use sliding_attention, which toolflash's drafter "
-            "inference path does not support yet (only full_attention draft layers)"
+            f"draft layers {sliding} use sliding_attention (window {window}), which "
+            "toolflash's drafter inference path does not support yet (only full_attention "
+            "draft layers)"
         )
     if cfg.vocab_size != target.vocab_size:
         # Informational only: the draft has no embedding, it uses the target's.

@@ -65,6 +65,46 @@ def zlab_config(**overrides: Any) -> dict[str, Any]:
     return cfg
 
 
+def zlab_qwen35_config(**overrides: Any) -> dict[str, Any]:
+    """z-lab/Qwen3.5-4B-DFlash's config.json shape (transformers 5: `rope_parameters`,
+    `block_size` only inside `dflash_config`, 5 sliding + 1 full attention layers), scaled
+    down (real: hidden 2560, 6 layers, 32 target layers, 8 feature layers, vocab 248320)."""
+    cfg: dict[str, Any] = {
+        "architectures": ["DFlashDraftModel"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "bos_token_id": None,
+        "dflash_config": {"block_size": 16, "mask_token_id": 125, "target_layer_ids": [1, 4]},
+        "dtype": "bfloat16",
+        "eos_token_id": 121,
+        "head_dim": 16,
+        "hidden_act": "silu",
+        "hidden_size": 32,
+        "initializer_range": 0.02,
+        "intermediate_size": 64,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "max_position_embeddings": 262144,
+        "max_window_layers": 2,
+        "model_type": "qwen3",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 2,
+        "num_target_layers": 6,
+        "pad_token_id": None,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {"rope_theta": 10000000, "rope_type": "default"},
+        "sliding_window": 4096,
+        "tie_word_embeddings": True,
+        "transformers_version": "5.7.0",
+        "use_cache": True,
+        "use_sliding_window": True,
+        "vocab_size": 128,
+    }
+    cfg.update(overrides)
+    return cfg
+
+
 def random_weights(cfg: dict[str, Any], seed: int = 0) -> dict[str, mx.array]:
     """Random bf16 tensors under the z-lab names for `cfg`."""
     mx.random.seed(seed)
@@ -235,6 +275,22 @@ def test_rejects_sliding_attention_layers(tmp_path: Path) -> None:
     _rejects(tmp_path, cfg, random_weights(cfg), r"layers \[1\] use sliding_attention")
 
 
+def test_rejects_zlab_qwen35_sliding_draft(tmp_path: Path) -> None:
+    cfg = zlab_qwen35_config()
+    _rejects(
+        tmp_path, cfg, random_weights(cfg), r"layers \[0\] use sliding_attention \(window 4096\)"
+    )
+
+
+def test_qwen35_layout_otherwise_loads(tmp_path: Path) -> None:
+    # Everything but the sliding layers of the Qwen3.5 draft format is supported already.
+    cfg = zlab_qwen35_config(layer_types=["full_attention", "full_attention"])
+    drafter = load_draft(write_draft(tmp_path / "d", cfg, random_weights(cfg)), TARGET)
+    assert drafter.config.block_size == 16
+    assert drafter.config.rope_theta == 10_000_000
+    assert dict(tree_flatten(drafter.parameters()))["fc.weight"].shape == (32, 64)
+
+
 def test_rejects_sliding_window_derived_like_transformers(tmp_path: Path) -> None:
     cfg = zlab_config(use_sliding_window=True, sliding_window=64, max_window_layers=1)
     del cfg["layer_types"]
@@ -321,6 +377,16 @@ def test_resolves_cached_hub_id_offline(tmp_path: Path, monkeypatch: pytest.Monk
     )
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert resolve_model_path("z-lab/Tiny-DFlash") == snap
+
+
+def test_cached_hub_id_needs_no_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    snap = fake_hub_cache(
+        tmp_path, "z-lab/Tiny-DFlash", {"config.json": b"{}", "model-1.safetensors": b"x"}
+    )
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")
     assert resolve_model_path("z-lab/Tiny-DFlash") == snap
 
 
