@@ -1,0 +1,195 @@
+"""The Starlette app: routes, auth, error mapping and the lifespan that owns the engine worker."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from toolflash.engine.api import Engine
+from toolflash.gateway.config import GatewayConfig
+from toolflash.gateway.errors import (
+    GatewayError,
+    MethodNotAllowed,
+    NotFound,
+    Unauthorized,
+    error_response,
+    to_gateway_error,
+)
+from toolflash.gateway.metrics import GatewayMetrics
+from toolflash.gateway.openapi import openapi_document
+from toolflash.gateway.protocol import ModelCard, ModelList
+from toolflash.gateway.serving import GatewayContext, gateway
+from toolflash.gateway.serving_chat import create_chat_completion
+from toolflash.gateway.serving_completions import create_completion
+from toolflash.gateway.status import LiveStatus
+from toolflash.gateway.worker import EngineWorker
+
+log = structlog.get_logger("toolflash.gateway")
+
+# Routes that answer without an API key: liveness probes and the schema.
+PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def api_route(handler: Handler) -> Handler:
+    """Map every exception of an API handler to the OpenAI error shape (one place)."""
+
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception as exc:
+            err = to_gateway_error(exc)
+            if not err.recorded:
+                ctx: GatewayContext | None = getattr(request.state, "gateway", None)
+                if ctx is not None:
+                    ctx.metrics.rejected.labels(str(err.status)).inc()
+                log.info(
+                    "request",
+                    path=request.url.path,
+                    status=err.status,
+                    outcome="rejected",
+                    error=err.message,
+                )
+            return error_response(err)
+
+    return wrapped
+
+
+async def list_models(request: Request) -> Response:
+    ctx = gateway(request)
+    engine = ctx.engine()
+    created = int(ctx.status.started_at)
+    cards = [
+        ModelCard(
+            id=name, created=created, context_length=engine.context_length, draft=engine.draft_id
+        )
+        for name in ctx.model_names()
+    ]
+    return JSONResponse(ModelList(data=cards).model_dump(mode="json"))
+
+
+async def health(request: Request) -> Response:
+    worker = gateway(request).worker
+    body: dict[str, Any] = {"status": worker.state}
+    if worker.load_error is not None:
+        body["error"] = str(worker.load_error)
+    return JSONResponse(body, status_code=200 if worker.state == "ready" else 503)
+
+
+async def metrics(request: Request) -> Response:
+    return Response(
+        gateway(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+    )
+
+
+async def status(request: Request) -> Response:
+    return JSONResponse(gateway(request).status.snapshot())
+
+
+async def openapi(request: Request) -> Response:
+    from toolflash import __version__
+
+    return JSONResponse(openapi_document(__version__))
+
+
+class AuthMiddleware:
+    """Bearer API-key check for everything except PUBLIC_PATHS (pure ASGI: streams untouched)."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.expected is None or scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
+        err = Unauthorized("missing or invalid API key: send 'Authorization: Bearer <key>'")
+        err.headers["WWW-Authenticate"] = "Bearer"
+        await error_response(err)(scope, receive, send)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    err: GatewayError
+    if exc.status_code == 404:
+        err = NotFound(f"no route for {request.method} {request.url.path}")
+    elif exc.status_code == 405:
+        err = MethodNotAllowed(f"method {request.method} is not allowed on {request.url.path}")
+    else:
+        err = GatewayError(str(exc.detail))
+        err.status = exc.status_code
+    return error_response(err)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return error_response(to_gateway_error(exc))
+
+
+def create_app(
+    engine_factory: Callable[[], Engine],
+    config: GatewayConfig | None = None,
+    *,
+    on_load_failure: Callable[[BaseException], None] | None = None,
+) -> Starlette:
+    """The gateway app. The engine is built by `engine_factory` on the worker thread when the
+    app starts; until it is ready /health answers 503 and API routes 503 with Retry-After."""
+    config = config or GatewayConfig()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+        worker = EngineWorker(
+            engine_factory, max_queue=config.max_queue, on_failure=on_load_failure
+        )
+        ctx = GatewayContext(
+            config=config,
+            worker=worker,
+            metrics=GatewayMetrics(lambda: worker.waiting, lambda: worker.running),
+            status=LiveStatus(worker),
+        )
+        app.state.gateway = ctx
+        t0 = time.perf_counter()
+        worker.start()
+        log.info(
+            "gateway_starting",
+            mode=config.mode,
+            max_queue=config.max_queue,
+            auth=bool(config.api_key),
+        )
+        try:
+            yield {"gateway": ctx}
+        finally:
+            worker.stop()
+            log.info("gateway_stopped", uptime_s=round(time.perf_counter() - t0, 1))
+
+    routes = [
+        Route("/v1/chat/completions", api_route(create_chat_completion), methods=["POST"]),
+        Route("/v1/completions", api_route(create_completion), methods=["POST"]),
+        Route("/v1/models", api_route(list_models), methods=["GET"]),
+        Route("/v1/status", api_route(status), methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(AuthMiddleware, api_key=config.api_key)],
+        exception_handlers={HTTPException: _http_exception, Exception: _server_error},
+        lifespan=lifespan,
+    )

@@ -1,0 +1,344 @@
+"""POST /v1/chat/completions: request -> worker job -> message (or SSE chunks)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from toolflash.engine.api import Engine, FinishEvent, GenerationRequest, TokenEvent
+from toolflash.gateway import sse
+from toolflash.gateway.chat_output import (
+    ChatOutput,
+    ContentDelta,
+    Delta,
+    MessageFold,
+    ReasoningDelta,
+    ToolCallDelta,
+)
+from toolflash.gateway.config import GatewayConfig
+from toolflash.gateway.errors import to_gateway_error
+from toolflash.gateway.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChunkChoice,
+    DeltaFunction,
+    DeltaToolCall,
+    PromptTokensDetails,
+    ResponseMessage,
+    SystemMessage,
+    ToolMessage,
+    Usage,
+    UserMessage,
+    content_text,
+)
+from toolflash.gateway.serving import (
+    RequestRun,
+    gateway,
+    new_id,
+    read_json,
+    token_budget,
+    watch_disconnect,
+)
+from toolflash.gateway.tool_parsers import get_parser
+from toolflash.gateway.validation import check_chat_supported
+from toolflash.gateway.worker import Prepared
+from toolflash.policy.request_class import classify
+
+
+def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """Messages in the shape HF chat templates read (tool-call arguments as objects)."""
+    out: list[dict[str, Any]] = []
+    for m in req.messages:
+        if isinstance(m, SystemMessage):
+            out.append({"role": "system", "content": content_text(m.content)})
+        elif isinstance(m, UserMessage):
+            out.append({"role": "user", "content": content_text(m.content)})
+        elif isinstance(m, ToolMessage):
+            out.append(
+                {"role": "tool", "content": content_text(m.content), "tool_call_id": m.tool_call_id}
+            )
+        elif isinstance(m, AssistantMessage):
+            msg: dict[str, Any] = {"role": "assistant", "content": content_text(m.content)}
+            if m.reasoning_content:
+                msg["reasoning_content"] = m.reasoning_content
+            if m.tool_calls:
+                msg["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {
+                            "name": c.function.name,
+                            "arguments": _arguments(c.function.arguments),
+                        },
+                    }
+                    for c in m.tool_calls
+                ]
+            out.append(msg)
+    return out
+
+
+def _arguments(text: str) -> Any:
+    """Templates iterate arguments as a mapping; a replayed call whose arguments do not parse
+    (e.g. one cut by max_tokens) is passed on as the raw string instead of failing the turn."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def offered_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    """Tools to render, or None (no tools, or tool_choice 'none')."""
+    if not req.tools or req.tool_choice == "none":
+        return None
+    return [t.model_dump(exclude_none=True) for t in req.tools]
+
+
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    items = [stop] if isinstance(stop, str) else stop
+    return tuple(s for s in items if s)
+
+
+def chat_preparer(
+    req: ChatCompletionRequest, config: GatewayConfig, request_id: str
+) -> Callable[[Engine], Prepared]:
+    """The worker-side half of a chat request: tokenize, budget, classify."""
+    messages = template_messages(req)
+    tools = offered_tools(req)
+    template_kwargs = dict(req.chat_template_kwargs or {})
+    thinking = template_kwargs.get("enable_thinking")
+    requested = req.max_completion_tokens or req.max_tokens
+    tool_choice = req.tool_choice if isinstance(req.tool_choice, str) else "named"
+
+    def prepare(engine: Engine) -> Prepared:
+        tokens = engine.encode_chat(messages, tools, template_kwargs)
+        max_tokens, clamped = token_budget(
+            len(tokens), requested, engine.context_length, config.default_max_tokens
+        )
+        request_class = classify(
+            tools_offered=tools is not None,
+            tool_choice=tool_choice or "auto",
+            response_format=req.response_format.type if req.response_format else None,
+            enable_thinking=thinking if isinstance(thinking, bool) else None,
+            last_role=req.messages[-1].role,
+            prompt_tokens=len(tokens),
+        )
+        request = GenerationRequest(
+            prompt_tokens=tuple(tokens),
+            max_tokens=max_tokens,
+            mode=config.mode,
+            block_size=config.block_size,
+            stop_strings=stop_strings(req.stop),
+            temperature=0.0,  # greedy-only engine; the response says sampling "greedy"
+            seed=req.seed,
+            request_id=request_id,
+        )
+        # Templates that open the answer inside <think> leave the tag at the prompt's end.
+        start_in_reasoning = engine.decode(tokens[-8:]).rstrip().endswith("<think>")
+        return Prepared(request, request_class, start_in_reasoning, clamped)
+
+    return prepare
+
+
+def chat_finish_reason(engine_reason: str, output: ChatOutput) -> str:
+    """length wins (a call cut by max_tokens ends with "length"); "tool_calls" only when a call
+    parsed; a cancel we issued (parallel_tool_calls false) also ends with "tool_calls"."""
+    if engine_reason == "length":
+        return "length"
+    return "tool_calls" if output.valid_calls else "stop"
+
+
+async def create_chat_completion(request: Request) -> Response:
+    ctx = gateway(request)
+    body = await read_json(request, ctx.config.max_body_bytes)
+    req = ChatCompletionRequest.model_validate(body)
+    model = ctx.resolve_model(req.model)
+    check_chat_supported(req)
+    engine = ctx.engine()
+    run = RequestRun(ctx, "chat", new_id("chatcmpl"), model, bool(req.stream), req.ignored_fields())
+    job = run.submit(chat_preparer(req, ctx.config, run.request_id))
+    watcher = asyncio.create_task(watch_disconnect(request, job))
+    try:
+        try:
+            prepared = await run.wait_prepared()
+        except Exception as exc:
+            err = to_gateway_error(exc)
+            run.outcome = "cancelled" if err.status == 499 else "error"
+            run.record(status=err.status, error=err.message)
+            err.recorded = True
+            raise err from exc
+        tools = offered_tools(req)
+        output = ChatOutput(
+            parser=get_parser(engine.tool_call_format) if tools else None,
+            tools={t.function.name: t.function.parameters for t in req.tools or []}
+            if tools
+            else {},
+            start_in_reasoning=prepared.start_in_reasoning,
+            parallel_tool_calls=req.parallel_tool_calls is not False,
+        )
+        if req.stream:
+            watcher.cancel()  # StreamingResponse watches for the disconnect from here on
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(
+                stream_chat(run, output, include_usage),
+                media_type="text/event-stream",
+                headers={
+                    "x-toolflash-mode": prepared.request.mode,
+                    "x-request-id": run.request_id,
+                    "cache-control": "no-cache",
+                },
+            )
+        return await complete_chat(run, output)
+    finally:
+        watcher.cancel()
+
+
+def _usage(run: RequestRun) -> Usage:
+    s = run.stats
+    assert s is not None
+    return Usage(
+        prompt_tokens=s.prompt_tokens,
+        completion_tokens=s.completion_tokens,
+        total_tokens=s.prompt_tokens + s.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=s.cached_tokens),
+    )
+
+
+def _extra(output: ChatOutput) -> dict[str, Any]:
+    return {
+        "tool_calls": [r.as_dict() for r in output.reports],
+        "rejected_tool_spans": output.rejected,
+    }
+
+
+async def _drive(run: RequestRun, output: ChatOutput) -> AsyncIterator[list[Delta]]:
+    """Engine events -> delta groups; sets the run's stats and finish reason at the end."""
+    assert run.job is not None
+    async for event in run.job.events():
+        if isinstance(event, TokenEvent):
+            if event.token_ids:
+                run.token_seen()
+            deltas = output.feed(event.text)
+            if output.stop_requested:
+                run.job.cancel.set()  # parallel_tool_calls false: one call, then stop
+        elif isinstance(event, FinishEvent):
+            deltas = output.close()
+            run.stats = event.stats
+            run.finish_reason = chat_finish_reason(event.finish_reason, output)
+            if event.finish_reason == "cancelled" and not output.stop_requested:
+                run.outcome = "cancelled"
+        if deltas:
+            yield deltas
+
+
+async def complete_chat(run: RequestRun, output: ChatOutput) -> Response:
+    fold = MessageFold()
+    try:
+        async for deltas in _drive(run, output):
+            fold.add(deltas)
+    except Exception as exc:
+        err = to_gateway_error(exc)
+        run.outcome = "error"
+        run.record(status=err.status, error=err.message)
+        err.recorded = True
+        raise err from exc
+    if run.outcome != "cancelled":
+        run.outcome = "success"
+    msg = fold.message()
+    completion = ChatCompletion(
+        id=run.request_id,
+        created=int(time.time()),
+        model=run.model,
+        choices=[
+            ChatChoice(
+                message=ResponseMessage.model_validate(msg),
+                finish_reason=run.finish_reason,
+            )
+        ],
+        usage=_usage(run),
+        toolflash=run.info(_extra(output)),
+    )
+    run.record()
+    return JSONResponse(
+        completion.model_dump(mode="json"),
+        headers={"x-toolflash-mode": run.mode_label, "x-request-id": run.request_id},
+    )
+
+
+def delta_messages(deltas: list[Delta]) -> list[ChatDelta]:
+    """Group deltas into chunk deltas: one per run of the same kind (and tool-call index)."""
+    out: list[ChatDelta] = []
+    for d in deltas:
+        last = out[-1] if out else None
+        if isinstance(d, ReasoningDelta):
+            if last is not None and last.reasoning_content is not None:
+                last.reasoning_content += d.text
+            else:
+                out.append(ChatDelta(reasoning_content=d.text))
+        elif isinstance(d, ContentDelta):
+            if last is not None and last.content is not None:
+                last.content += d.text
+            else:
+                out.append(ChatDelta(content=d.text))
+        elif isinstance(d, ToolCallDelta):
+            calls = last.tool_calls if last is not None else None
+            if d.id is None and calls and calls[-1].index == d.index:
+                calls[-1].function.arguments = (calls[-1].function.arguments or "") + d.arguments
+                continue
+            call = DeltaToolCall(
+                index=d.index,
+                id=d.id,
+                type="function" if d.id else None,
+                function=DeltaFunction(name=d.name, arguments=d.arguments),
+            )
+            out.append(ChatDelta(tool_calls=[call]))
+    return out
+
+
+async def stream_chat(
+    run: RequestRun, output: ChatOutput, include_usage: bool
+) -> AsyncIterator[str]:
+    created = int(time.time())
+
+    def chunk(**kw: Any) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=run.request_id, created=created, model=run.model, **kw)
+
+    status, error = 200, None
+    try:
+        try:
+            yield sse.event(
+                chunk(choices=[ChunkChoice(delta=ChatDelta(role="assistant", content=""))])
+            )
+            async for deltas in _drive(run, output):
+                for delta in delta_messages(deltas):
+                    yield sse.event(chunk(choices=[ChunkChoice(delta=delta)]))
+            info = run.info(_extra(output))
+            final = ChunkChoice(delta=ChatDelta(), finish_reason=run.finish_reason)
+            yield sse.event(chunk(choices=[final], toolflash=None if include_usage else info))
+            if include_usage:
+                yield sse.event(chunk(choices=[], usage=_usage(run), toolflash=info))
+            if run.outcome == "pending":
+                run.outcome = "success"
+        except Exception as exc:  # after headers: an error event, then [DONE]
+            err = to_gateway_error(exc)
+            status, error, run.outcome = err.status, err.message, "error"
+            yield sse.event(err.body())
+        yield sse.DONE
+    finally:
+        if run.outcome == "pending":  # the client went away mid-stream
+            run.outcome = "cancelled"
+        if run.job is not None:
+            run.job.cancel.set()
+        run.record(status=status, error=error)

@@ -1,0 +1,192 @@
+"""POST /v1/completions: raw text in, raw text out (no template, no tool or reasoning parsing)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from toolflash.engine.api import Engine, FinishEvent, GenerationRequest, TokenEvent
+from toolflash.gateway import sse
+from toolflash.gateway.config import GatewayConfig
+from toolflash.gateway.errors import to_gateway_error
+from toolflash.gateway.protocol import (
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    PromptTokensDetails,
+    Usage,
+)
+from toolflash.gateway.serving import (
+    RequestRun,
+    gateway,
+    new_id,
+    read_json,
+    token_budget,
+    watch_disconnect,
+)
+from toolflash.gateway.serving_chat import stop_strings
+from toolflash.gateway.validation import check_completion_supported
+from toolflash.gateway.worker import Prepared
+from toolflash.policy.request_class import classify
+
+
+def completion_preparer(
+    req: CompletionRequest, config: GatewayConfig, request_id: str
+) -> Callable[[Engine], Prepared]:
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
+        prompt = prompt[0]  # one prompt (checked by validation)
+
+    def prepare(engine: Engine) -> Prepared:
+        if isinstance(prompt, str):
+            tokens = engine.encode(prompt)
+        else:
+            tokens = [int(t) for t in prompt]
+        max_tokens, clamped = token_budget(
+            len(tokens), req.max_tokens, engine.context_length, config.default_max_tokens
+        )
+        request = GenerationRequest(
+            prompt_tokens=tuple(tokens),
+            max_tokens=max_tokens,
+            mode=config.mode,
+            block_size=config.block_size,
+            stop_strings=stop_strings(req.stop),
+            temperature=0.0,
+            seed=req.seed,
+            request_id=request_id,
+        )
+        request_class = classify(
+            tools_offered=False,
+            tool_choice="none",
+            response_format=None,
+            enable_thinking=None,
+            last_role=None,
+            prompt_tokens=len(tokens),
+        )
+        return Prepared(request, request_class, False, clamped)
+
+    return prepare
+
+
+def _finish(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _usage(run: RequestRun) -> Usage:
+    s = run.stats
+    assert s is not None
+    return Usage(
+        prompt_tokens=s.prompt_tokens,
+        completion_tokens=s.completion_tokens,
+        total_tokens=s.prompt_tokens + s.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=s.cached_tokens),
+    )
+
+
+async def _texts(run: RequestRun) -> AsyncIterator[str]:
+    assert run.job is not None
+    async for event in run.job.events():
+        if isinstance(event, TokenEvent):
+            if event.token_ids:
+                run.token_seen()
+            if event.text:
+                yield event.text
+        elif isinstance(event, FinishEvent):
+            run.stats = event.stats
+            run.finish_reason = _finish(event.finish_reason)
+            if event.finish_reason == "cancelled":
+                run.outcome = "cancelled"
+
+
+async def create_completion(request: Request) -> Response:
+    ctx = gateway(request)
+    body = await read_json(request, ctx.config.max_body_bytes)
+    req = CompletionRequest.model_validate(body)
+    model = ctx.resolve_model(req.model)
+    check_completion_supported(req)
+    ctx.engine()
+    run = RequestRun(
+        ctx, "completions", new_id("cmpl"), model, bool(req.stream), req.ignored_fields()
+    )
+    job = run.submit(completion_preparer(req, ctx.config, run.request_id))
+    watcher = asyncio.create_task(watch_disconnect(request, job))
+    try:
+        try:
+            prepared = await run.wait_prepared()
+        except Exception as exc:
+            err = to_gateway_error(exc)
+            run.outcome = "cancelled" if err.status == 499 else "error"
+            run.record(status=err.status, error=err.message)
+            err.recorded = True
+            raise err from exc
+        if req.stream:
+            watcher.cancel()
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(
+                _stream(run, include_usage),
+                media_type="text/event-stream",
+                headers={"x-toolflash-mode": prepared.request.mode, "x-request-id": run.request_id},
+            )
+        text = ""
+        try:
+            async for piece in _texts(run):
+                text += piece
+        except Exception as exc:
+            err = to_gateway_error(exc)
+            run.outcome = "error"
+            run.record(status=err.status, error=err.message)
+            err.recorded = True
+            raise err from exc
+        if run.outcome == "pending":
+            run.outcome = "success"
+        body_out = Completion(
+            id=run.request_id,
+            created=int(time.time()),
+            model=run.model,
+            choices=[CompletionChoice(text=text, finish_reason=run.finish_reason)],
+            usage=_usage(run),
+            toolflash=run.info(),
+        )
+        run.record()
+        return JSONResponse(
+            body_out.model_dump(mode="json"),
+            headers={"x-toolflash-mode": run.mode_label, "x-request-id": run.request_id},
+        )
+    finally:
+        watcher.cancel()
+
+
+async def _stream(run: RequestRun, include_usage: bool) -> AsyncIterator[str]:
+    created = int(time.time())
+
+    def chunk(**kw: Any) -> Completion:
+        return Completion(id=run.request_id, created=created, model=run.model, **kw)
+
+    status, error = 200, None
+    try:
+        try:
+            async for text in _texts(run):
+                yield sse.event(chunk(choices=[CompletionChoice(text=text, finish_reason=None)]))
+            info = run.info()
+            final = CompletionChoice(text="", finish_reason=run.finish_reason)
+            yield sse.event(chunk(choices=[final], toolflash=None if include_usage else info))
+            if include_usage:
+                yield sse.event(chunk(choices=[], usage=_usage(run), toolflash=info))
+            if run.outcome == "pending":
+                run.outcome = "success"
+        except Exception as exc:
+            err = to_gateway_error(exc)
+            status, error, run.outcome = err.status, err.message, "error"
+            yield sse.event(err.body())
+        yield sse.DONE
+    finally:
+        if run.outcome == "pending":
+            run.outcome = "cancelled"
+        if run.job is not None:
+            run.job.cancel.set()
+        run.record(status=status, error=error)
