@@ -85,6 +85,10 @@ class DraftContext:
             self._trim()
         return [(k, v) for k, v in zip(self.keys, self.values) if k is not None and v is not None]
 
+    def positions_array(self) -> mx.array:
+        """Absolute positions of the retained context rows (after `absorb`)."""
+        return mx.concatenate([mx.arange(s, e) for s, e in self.window.keeps(self.covered)])
+
     def _trim(self) -> None:
         w = self.window
         if w.window is None:

@@ -27,9 +27,6 @@ log = structlog.get_logger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-# transformers' Qwen3Config default: layers at index >= max_window_layers use the sliding
-# window when `use_sliding_window` is set and `layer_types` is absent.
-_HF_DEFAULT_MAX_WINDOW_LAYERS = 28
 _BORROWED_PREFIXES = ("lm_head.", "embed_tokens.")
 
 
@@ -88,7 +85,7 @@ def check_config(cfg: DraftConfig, target: TargetInfo) -> None:
     # A draft trained against a target of another depth reads features from layers that mean
     # something else in this one: it would run, but accept almost nothing, and a silent 0%
     # acceptance looks like a slow engine. Refuse it instead of warning.
-    if cfg.num_target_layers != target.num_layers:
+    if cfg.num_target_layers is not None and cfg.num_target_layers != target.num_layers:
         raise DraftLoadError(
             f"draft num_target_layers {cfg.num_target_layers} does not match the {where}: "
             "this draft was trained for another model"
@@ -106,32 +103,11 @@ def check_config(cfg: DraftConfig, target: TargetInfo) -> None:
         )
     if cfg.block_size < 2:
         raise DraftLoadError(f"draft block_size {cfg.block_size} must be at least 2")
-    sliding = [i for i, t in enumerate(_layer_types(cfg)) if t == "sliding_attention"]
-    if sliding:
-        window = cfg.sliding_window or cfg.raw.get("sliding_window")
-        raise DraftLoadError(
-            f"draft layers {sliding} use sliding_attention (window {window}), which "
-            "toolflash's drafter inference path does not support yet (only full_attention "
-            "draft layers)"
-        )
     if cfg.vocab_size != target.vocab_size:
         # Informational only: the draft has no embedding, it uses the target's.
         log.warning(
             "draft_vocab_mismatch", draft_vocab=cfg.vocab_size, target_vocab=target.vocab_size
         )
-
-
-def _layer_types(cfg: DraftConfig) -> tuple[str, ...]:
-    """Layer types as transformers derives them when config.json has no `layer_types`."""
-    if cfg.raw.get("layer_types"):
-        return cfg.layer_types
-    if cfg.raw.get("use_sliding_window") and cfg.raw.get("sliding_window"):
-        first = int(cfg.raw.get("max_window_layers", _HF_DEFAULT_MAX_WINDOW_LAYERS))
-        return tuple(
-            "sliding_attention" if i >= first else "full_attention"
-            for i in range(cfg.num_hidden_layers)
-        )
-    return cfg.layer_types
 
 
 def read_weights(path: Path) -> dict[str, mx.array]:

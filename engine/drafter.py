@@ -47,7 +47,7 @@ class DraftConfig:
     intermediate_size: int
     vocab_size: int
     block_size: int
-    num_target_layers: int
+    num_target_layers: int | None
     target_layer_ids: tuple[int, ...]
     mask_token_id: int
     rms_norm_eps: float = 1e-6
@@ -84,20 +84,24 @@ class DraftConfig:
         block_size = top_bs if top_bs is not None else inner_bs
         if block_size is None:
             raise DraftConfigError("draft config.json lacks block_size")
-        if "num_target_layers" not in cfg:
-            raise DraftConfigError("draft config.json lacks num_target_layers")
         if "mask_token_id" not in dflash:
             raise DraftConfigError("draft config.json lacks dflash_config.mask_token_id")
         n_layers = int(cfg["num_hidden_layers"])
         layer_ids = dflash.get("target_layer_ids")
+        n_target = cfg.get("num_target_layers")
         if layer_ids is None:
-            layer_ids = default_target_layer_ids(int(cfg["num_target_layers"]), n_layers)
+            if n_target is None:
+                raise DraftConfigError(
+                    "draft config.json has neither dflash_config.target_layer_ids nor "
+                    "num_target_layers"
+                )
+            layer_ids = default_target_layer_ids(int(n_target), n_layers)
         rope = cfg.get("rope_parameters") or {}
         rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 1_000_000.0))
         rope_scaling = cfg.get("rope_scaling")
         if rope_scaling is None and rope.get("rope_type", rope.get("type", "default")) != "default":
             rope_scaling = dict(rope)
-        layer_types = tuple(cfg.get("layer_types") or ["full_attention"] * n_layers)
+        layer_types = _layer_types(cfg, n_layers)
         if len(layer_types) != n_layers:
             raise DraftConfigError(
                 f"layer_types has {len(layer_types)} entries for {n_layers} layers"
@@ -117,7 +121,7 @@ class DraftConfig:
             intermediate_size=int(cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
             block_size=int(block_size),
-            num_target_layers=int(cfg["num_target_layers"]),
+            num_target_layers=None if n_target is None else int(n_target),
             target_layer_ids=tuple(int(i) for i in layer_ids),
             mask_token_id=int(dflash["mask_token_id"]),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
@@ -146,7 +150,11 @@ class DraftConfig:
                 "intermediate_size": self.intermediate_size,
                 "vocab_size": self.vocab_size,
                 "block_size": self.block_size,
-                "num_target_layers": self.num_target_layers,
+                **(
+                    {"num_target_layers": self.num_target_layers}
+                    if self.num_target_layers is not None
+                    else {}
+                ),
                 "dflash_config": {
                     **dict(self.raw.get("dflash_config") or {}),
                     "mask_token_id": self.mask_token_id,
@@ -168,6 +176,23 @@ class DraftConfig:
             }
         )
         return out
+
+
+# transformers' Qwen3Config default: with `use_sliding_window` and no `layer_types`, layers at
+# index >= max_window_layers use the sliding window.
+_HF_DEFAULT_MAX_WINDOW_LAYERS = 28
+
+
+def _layer_types(cfg: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
+    """`layer_types`, or what transformers derives when it is absent."""
+    if cfg.get("layer_types"):
+        return tuple(cfg["layer_types"])
+    if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
+        first = int(cfg.get("max_window_layers", _HF_DEFAULT_MAX_WINDOW_LAYERS))
+        return tuple(
+            "sliding_attention" if i >= first else "full_attention" for i in range(n_layers)
+        )
+    return ("full_attention",) * n_layers
 
 
 class DraftAttention(nn.Module):
@@ -240,8 +265,9 @@ class DraftMLP(nn.Module):
 class DraftLayer(nn.Module):
     """Pre-norm decoder layer; context enters only as attention keys/values."""
 
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, sliding_window: int | None = None):
         super().__init__()
+        self.sliding_window = sliding_window
         self.self_attn = DraftAttention(cfg)
         self.mlp = DraftMLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
@@ -269,8 +295,15 @@ class DFlashDrafter(nn.Module):
         n_features = len(cfg.target_layer_ids)
         self.fc = nn.Linear(n_features * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.layers = [DraftLayer(cfg) for _ in range(cfg.num_hidden_layers)]
+        self.layers = [
+            DraftLayer(cfg, cfg.sliding_window if kind == "sliding_attention" else None)
+            for kind in cfg.layer_types
+        ]
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    @property
+    def has_sliding_layers(self) -> bool:
+        return any(layer.sliding_window is not None for layer in self.layers)
 
     def fuse(self, features: mx.array) -> mx.array:
         """[B, T, len(ids)*H] concatenated target layer outputs -> [B, T, H] context."""
@@ -288,11 +321,35 @@ class DFlashDrafter(nn.Module):
         offset: int | mx.array,
         ctx_kv: list[tuple[mx.array, mx.array]] | None,
         mask: mx.array | None = None,
+        ctx_positions: mx.array | None = None,
     ) -> mx.array:
         """Run the block through all layers; returns the final-normed hidden states [B, L, H].
-        Position k of the block predicts the token at absolute position offset + k."""
+        Position k of the block predicts the token at absolute position offset + k.
+
+        At inference (`mask` None) full-attention layers see all context and the whole block;
+        sliding-window layers see context within their window of each query and the block
+        causally, which needs the absolute `ctx_positions` of the context rows."""
         h = block_embeddings
         for i, layer in enumerate(self.layers):
             k, v = ctx_kv[i] if ctx_kv is not None else (None, None)
-            h = layer(h, offset, k, v, mask)
+            layer_mask = mask
+            if mask is None and layer.sliding_window is not None:
+                assert isinstance(offset, int), "sliding layers need an int block offset"
+                layer_mask = sliding_mask(
+                    offset, h.shape[1], ctx_positions, layer.sliding_window
+                )
+            h = layer(h, offset, k, v, layer_mask)
         return self.norm(h)
+
+
+def sliding_mask(
+    start: int, block_len: int, ctx_positions: mx.array | None, window: int
+) -> mx.array:
+    """Boolean [L, n_ctx + L] mask for a sliding-window draft layer: block query j (position
+    start + j) sees context at position p iff start + j - p < window, and block keys k <= j."""
+    q_pos = start + mx.arange(block_len)[:, None]
+    block = mx.arange(block_len)[None, :] <= mx.arange(block_len)[:, None]
+    if ctx_positions is None or ctx_positions.size == 0:
+        return block
+    ctx = (q_pos - ctx_positions[None, :]) < window
+    return mx.concatenate([ctx, block], axis=1)

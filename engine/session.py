@@ -173,5 +173,7 @@ def dflash_proposal(session: GenerationSession, block_size: int) -> mx.array:
     assert session.drafter is not None and session.draft_ctx is not None
     ctx_kv = session.draft_ctx.absorb()
     block = mx.array([[session.staged] + [session.mask_id] * (block_size - 1)])
-    hidden = session.drafter.denoise(session.target.embed(block), session.fed, ctx_kv)
+    drafter = session.drafter
+    positions = session.draft_ctx.positions_array() if drafter.has_sliding_layers else None
+    hidden = drafter.denoise(session.target.embed(block), session.fed, ctx_kv, None, positions)
     return mx.argmax(session.target.lm_head(hidden[:, 1:]), axis=-1)

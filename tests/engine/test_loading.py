@@ -266,35 +266,30 @@ def test_rejects_other_target_depth(tmp_path: Path) -> None:
     _rejects(tmp_path, cfg, random_weights(cfg), r"num_target_layers 36 does not match")
 
 
-def test_rejects_sliding_attention_layers(tmp_path: Path) -> None:
+def test_sliding_attention_layers_load_with_their_window(tmp_path: Path) -> None:
     cfg = zlab_config(
         layer_types=["full_attention", "sliding_attention"],
         sliding_window=64,
         use_sliding_window=True,
     )
-    _rejects(tmp_path, cfg, random_weights(cfg), r"layers \[1\] use sliding_attention")
+    drafter = load_draft(write_draft(tmp_path / "d", cfg, random_weights(cfg)), TARGET)
+    assert [layer.sliding_window for layer in drafter.layers] == [None, 64]
 
 
-def test_rejects_zlab_qwen35_sliding_draft(tmp_path: Path) -> None:
+def test_zlab_qwen35_sliding_draft_loads(tmp_path: Path) -> None:
     cfg = zlab_qwen35_config()
-    _rejects(
-        tmp_path, cfg, random_weights(cfg), r"layers \[0\] use sliding_attention \(window 4096\)"
-    )
-
-
-def test_qwen35_layout_otherwise_loads(tmp_path: Path) -> None:
-    # Everything but the sliding layers of the Qwen3.5 draft format is supported already.
-    cfg = zlab_qwen35_config(layer_types=["full_attention", "full_attention"])
     drafter = load_draft(write_draft(tmp_path / "d", cfg, random_weights(cfg)), TARGET)
     assert drafter.config.block_size == 16
     assert drafter.config.rope_theta == 10_000_000
     assert dict(tree_flatten(drafter.parameters()))["fc.weight"].shape == (32, 64)
+    assert drafter.layers[0].sliding_window == 4096 and drafter.has_sliding_layers
 
 
-def test_rejects_sliding_window_derived_like_transformers(tmp_path: Path) -> None:
+def test_sliding_window_derived_like_transformers(tmp_path: Path) -> None:
     cfg = zlab_config(use_sliding_window=True, sliding_window=64, max_window_layers=1)
     del cfg["layer_types"]
-    _rejects(tmp_path, cfg, random_weights(cfg), r"sliding_attention")
+    drafter = load_draft(write_draft(tmp_path / "d", cfg, random_weights(cfg)), TARGET)
+    assert [layer.sliding_window for layer in drafter.layers] == [None, 64]
 
 
 def test_sliding_window_flag_below_max_window_layers_loads(tmp_path: Path) -> None:
@@ -327,8 +322,21 @@ def test_rejects_wrong_shape_naming_tensor(tmp_path: Path) -> None:
 
 def test_rejects_missing_config_key(tmp_path: Path) -> None:
     cfg = zlab_config()
+    del cfg["num_target_layers"], cfg["dflash_config"]["target_layer_ids"]
+    _rejects(
+        tmp_path,
+        cfg,
+        random_weights(zlab_config()),
+        r"neither .*target_layer_ids nor num_target_layers",
+    )
+
+
+def test_num_target_layers_may_be_absent_with_explicit_layer_ids(tmp_path: Path) -> None:
+    # Seen in some published Qwen3.5 draft configs: explicit ids, no top-level depth.
+    cfg = zlab_config()
     del cfg["num_target_layers"]
-    _rejects(tmp_path, cfg, random_weights(zlab_config()), r"lacks num_target_layers")
+    drafter = load_draft(write_draft(tmp_path / "d", cfg, random_weights(cfg)), TARGET)
+    assert drafter.config.num_target_layers is None
 
 
 def test_rejects_missing_shard_and_missing_weights(tmp_path: Path) -> None:

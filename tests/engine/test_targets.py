@@ -86,3 +86,34 @@ def test_draft_window_keeps_sink_and_tail() -> None:
     ctx.add_features(mx.random.normal((1, 2, 2 * 64)))
     kv = ctx.absorb()
     assert kv[0][0].shape[2] == 8 and ctx.covered == 22
+
+
+def test_sliding_mask_limits_context_and_is_causal_in_block() -> None:
+    from toolflash.engine.drafter import sliding_mask
+
+    positions = mx.array([0, 1, 2, 7, 8, 9])  # sink 0..2, tail 7..9; block starts at 10
+    m = sliding_mask(10, 3, positions, window=4)
+    rows = [[bool(x) for x in row] for row in m.tolist()]
+    # query at 10 sees context 7,8,9 (10 - p < 4) and block key 0 only
+    assert rows[0] == [False, False, False, True, True, True, True, False, False]
+    # query at 12 sees context 9 only, block keys 0..2
+    assert rows[2] == [False, False, False, False, False, True, True, True, True]
+
+
+def test_drafter_with_sliding_layers_stays_lossless() -> None:
+    from toolflash.engine.drafter import DFlashDrafter, DraftConfig
+    from toolflash.engine.session import GenerationSession
+
+    model = qwen3_target()
+    base = drafter_for(model)
+    raw = dict(base.config.to_dict(), layer_types=["sliding_attention"], sliding_window=6)
+    drafter = DFlashDrafter(DraftConfig.from_dict(raw))
+    mx.eval(drafter.parameters())
+    outs = []
+    for mode in ("ar", "spec"):
+        s = GenerationSession(Qwen3Target(model), drafter, window=DraftWindow(sink=2, window=8))
+        s.prefill(TOKENS[0])
+        while len(s.tokens) < 12 + 40:
+            s.step(mode, 8, lambda c: None)  # type: ignore[arg-type]
+        outs.append(s.tokens[:52])
+    assert outs[0] == outs[1]
