@@ -138,6 +138,28 @@ class FinishEvent:
 EngineEvent = TokenEvent | FinishEvent
 
 
+@dataclass(frozen=True)
+class ModeDecision:
+    """What the next cycle does: `mode` with `block_size` (ignored for `ar`)."""
+
+    mode: Mode
+    block_size: int
+    reason: str = ""
+
+
+class ModeController(Protocol):
+    """Chooses the mode between cycles (the adaptive policy implements this). The engine calls
+    `start` after prefill, `after_step` after every cycle or AR step with what it committed,
+    and `finish` once with the totals."""
+
+    def start(self, prompt_tokens: int, default_block_size: int) -> ModeDecision: ...
+
+    def after_step(self, record: CycleRecord, token_ids: Sequence[int], text: str) -> ModeDecision:
+        ...
+
+    def finish(self, stats: GenerationStats) -> None: ...
+
+
 class Engine(Protocol):
     """What the gateway needs from an engine. All methods run on the engine's worker thread
     except the read-only attributes."""
@@ -162,8 +184,13 @@ class Engine(Protocol):
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
     def generate(
-        self, request: GenerationRequest, cancel: threading.Event | None = None
+        self,
+        request: GenerationRequest,
+        cancel: threading.Event | None = None,
+        controller: ModeController | None = None,
     ) -> Iterator[EngineEvent]:
         """Run one generation. Yields TokenEvents, then exactly one FinishEvent. Setting
-        `cancel` ends the generation within one cycle with finish_reason "cancelled"."""
+        `cancel` ends the generation within one cycle with finish_reason "cancelled". A
+        `controller` picks the mode and block size between cycles (request.mode_plan
+        entries still take precedence, for tests)."""
         ...

@@ -20,6 +20,7 @@ from .api import (
     GenerationRequest,
     GenerationStats,
     Mode,
+    ModeController,
     TokenEvent,
 )
 from .draft_context import DraftWindow
@@ -99,7 +100,10 @@ class DFlashEngine:
 
     # -- generation ----------------------------------------------------------------------
     def generate(
-        self, request: GenerationRequest, cancel: threading.Event | None = None
+        self,
+        request: GenerationRequest,
+        cancel: threading.Event | None = None,
+        controller: ModeController | None = None,
     ) -> Iterator[EngineEvent]:
         prompt = list(request.prompt_tokens)
         if not prompt or len(prompt) >= self.context_length:
@@ -128,6 +132,9 @@ class DFlashEngine:
         t_decode = time.perf_counter()
         finished = matcher.check([first]) is not None
         yield TokenEvent((first,), text.push([first]))
+        if controller is not None and self.drafter is not None:
+            decision = controller.start(len(prompt), block_size)
+            mode, block_size = decision.mode, decision.block_size
         reason: str | None = None
         try:
             while not finished and not text.stopped:
@@ -139,7 +146,11 @@ class DFlashEngine:
                 step = session.step(mode, block, matcher.check)
                 cycles.append(step.record)
                 finished = step.finished
-                yield TokenEvent(tuple(step.tokens), text.push(step.tokens), step.record)
+                delta = text.push(step.tokens)
+                yield TokenEvent(tuple(step.tokens), delta, step.record)
+                if controller is not None and self.drafter is not None:
+                    decision = controller.after_step(step.record, step.tokens, delta)
+                    mode, block_size = decision.mode, decision.block_size
                 if len(session.tokens) % _CLEAR_CACHE_EVERY < len(step.tokens):
                     mx.clear_cache()
         finally:
@@ -157,6 +168,8 @@ class DFlashEngine:
             decode_s=decode_s,
             cycles=tuple(cycles),
         )
+        if controller is not None:
+            controller.finish(stats)
         log.debug(
             "generation",
             request_id=request.request_id,

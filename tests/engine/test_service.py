@@ -93,3 +93,40 @@ def test_unknown_family_is_refused(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(UnsupportedModelError, match="'llama'.*not supported"):
         build_engine(str(tmp_path))
+
+
+class ScriptedController:
+    """Alternates spec (block 4) and AR every other step; records what it was told."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, int, int]] = []
+        self.finished: Any = None
+
+    def start(self, prompt_tokens: int, default_block_size: int) -> Any:
+        from toolflash.engine.api import ModeDecision
+
+        return ModeDecision("spec", 4, "start")
+
+    def after_step(self, record: Any, token_ids: Any, text: str) -> Any:
+        from toolflash.engine.api import ModeDecision
+
+        self.steps.append((record.mode, record.block_size, len(token_ids)))
+        return ModeDecision("ar" if record.mode == "spec" else "spec", 4, "alternate")
+
+    def finish(self, stats: Any) -> None:
+        self.finished = stats
+
+
+def test_controller_drives_modes_losslessly(engine: Any) -> None:
+    prompt = tuple(engine.encode("def add(a, b):"))
+    ref, _, _ = collect(engine, GenerationRequest(prompt, 40, mode="ar"))
+    controller = ScriptedController()
+    tokens: list[int] = []
+    for event in engine.generate(GenerationRequest(prompt, 40, mode="spec"), None, controller):
+        if isinstance(event, TokenEvent):
+            tokens.extend(event.token_ids)
+    assert tokens == ref
+    modes = [m for m, _, _ in controller.steps]
+    assert modes[:4] == ["spec", "ar", "spec", "ar"]
+    assert all(bs == 4 for m, bs, _ in controller.steps if m == "spec")
+    assert controller.finished is not None and controller.finished.completion_tokens == 40
