@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("models", "List the embedded models and the published target -> DFlash draft pairs."),
     "train-draft": ("train_draft", "Train a DFlash drafter against a frozen target."),
     "bench": ("bench", "Benchmark speculative vs target-only decoding per prompt kind."),
+    "policy": ("policy", "Show the effective decoding policy, or validate a policy YAML file."),
     "zoo": ("zoo", "Build the tiny model family (corpus, tokenizer, targets, drafters) from scratch."),
 }
 
