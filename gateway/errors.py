@@ -128,14 +128,20 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+_BRANCHES = frozenset({"str", "int", "list", "system", "developer", "user", "assistant", "tool"})
+
+
+def _is_branch(part: str) -> bool:
+    return part in _BRANCHES or "[" in part or "-" in part
+
+
 def from_validation_error(exc: ValidationError) -> BadRequest:
     """A 400 naming the first invalid field (pydantic's message, without its doc URL)."""
     errors = exc.errors(include_url=False)
-    first = errors[0]
-    # Discriminated unions and str|list unions add the branch name to loc; keep the field path.
-    loc = tuple(
-        p for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p in ("str", "list")))
-    )
+    # With unions (str | list[...]) the deepest error is the one about what the client sent.
+    first = max(errors, key=lambda e: len(e["loc"]))
+    # Unions add branch names (message roles, `str`, `list[...]`) to loc; keep the field path.
+    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and _is_branch(p)))
     msg = first["msg"].removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return BadRequest(f"{_loc(loc) or 'body'}: {msg}{more}", param=_loc(loc) or None)

@@ -120,7 +120,9 @@ def chat_preparer(
     template_kwargs = dict(req.chat_template_kwargs or {})
     thinking = template_kwargs.get("enable_thinking")
     requested = req.max_completion_tokens or req.max_tokens
-    tool_choice = req.tool_choice if isinstance(req.tool_choice, str) else "named"
+    tool_choice = req.tool_choice or "auto"
+    if not isinstance(tool_choice, str):
+        tool_choice = "named"
 
     def prepare(engine: Engine) -> Prepared:
         tokens = engine.encode_chat(messages, tools, template_kwargs)
@@ -129,7 +131,7 @@ def chat_preparer(
         )
         request_class = classify(
             tools_offered=tools is not None,
-            tool_choice=tool_choice or "auto",
+            tool_choice=tool_choice,
             response_format=req.response_format.type if req.response_format else None,
             enable_thinking=thinking if isinstance(thinking, bool) else None,
             last_role=req.messages[-1].role,

@@ -1,0 +1,160 @@
+"""Queueing, cancellation, auth, readiness: behaviour that needs timing (slow fake engine)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway.conftest import serve
+from tests.gateway.fake_engine import FakeEngine
+from toolflash.gateway.config import GatewayConfig
+
+LONG = {
+    "model": "fake-model",
+    "messages": [{"role": "user", "content": "SCRIPT:" + "word " * 400}],
+}
+
+
+def wait_for(pred, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_disconnect_mid_stream_frees_the_engine() -> None:
+    engine = FakeEngine(cycle_delay_s=0.01)
+    with serve(engine) as s:
+        with httpx.stream("POST", f"{s.v1}/chat/completions", json={**LONG, "stream": True}) as r:
+            lines = r.iter_lines()
+            for _ in range(5):
+                next(lines)
+            assert engine.active.is_set()
+        # the connection is closed: generation stops within a few cycles
+        assert wait_for(lambda: not engine.active.is_set(), 2.0)
+        assert engine.finishes[-1] == "cancelled"
+        status = httpx.get(f"{s.v1}/status").json()
+        assert wait_for(lambda: httpx.get(f"{s.v1}/status").json()["current"] is None, 2.0)
+        assert status["queue"]["waiting"] == 0
+        recent = httpx.get(f"{s.v1}/status").json()["recent"][0]
+        assert recent["outcome"] == "cancelled"
+        r2 = httpx.post(f"{s.v1}/chat/completions", json={**LONG, "max_tokens": 3}, timeout=5)
+        assert r2.status_code == 200
+
+
+def test_non_streaming_disconnect_cancels() -> None:
+    engine = FakeEngine(cycle_delay_s=0.01)
+    with serve(engine) as s:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{s.v1}/chat/completions", json=LONG, timeout=0.3)
+        assert wait_for(lambda: bool(engine.finishes), 2.0)
+        assert engine.finishes[-1] == "cancelled"
+
+
+def test_queue_full_gives_429_with_retry_after_and_fifo() -> None:
+    engine = FakeEngine(cycle_delay_s=0.01)
+    with serve(engine, GatewayConfig(max_queue=1)) as s:
+        results: dict[str, int] = {}
+        order: list[str] = []
+
+        def call(name: str, body: dict) -> None:
+            r = httpx.post(f"{s.v1}/chat/completions", json=body, timeout=20)
+            results[name] = r.status_code
+            order.append(name)
+
+        short = {"model": "fake-model", "messages": [{"role": "user", "content": "SCRIPT:ok"}]}
+        a = threading.Thread(target=call, args=("a", {**LONG, "max_tokens": 60}))
+        a.start()
+        assert wait_for(engine.active.is_set)
+        b = threading.Thread(target=call, args=("b", short))
+        b.start()
+        assert wait_for(lambda: httpx.get(f"{s.v1}/status").json()["queue"]["waiting"] == 1)
+        r = httpx.post(f"{s.v1}/chat/completions", json=short, timeout=5)
+        assert r.status_code == 429
+        assert int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["code"] == "queue_full"
+        a.join()
+        b.join()
+        assert results == {"a": 200, "b": 200} and order == ["a", "b"]
+        assert "toolflash:requests_rejected_total{status=\"429\"} 1.0" in httpx.get(f"{s.url}/metrics").text
+
+
+def test_status_shows_current_request() -> None:
+    engine = FakeEngine(cycle_delay_s=0.01)
+    with serve(engine) as s:
+        t = threading.Thread(
+            target=httpx.post,
+            args=(f"{s.v1}/chat/completions",),
+            kwargs={"json": {**LONG, "max_tokens": 40}, "timeout": 10},
+        )
+        t.start()
+        assert wait_for(engine.active.is_set)
+        assert wait_for(lambda: (httpx.get(f"{s.v1}/status").json()["current"] or {}).get("completion_tokens", 0) > 0)
+        current = httpx.get(f"{s.v1}/status").json()["current"]
+        assert current["mode"] == "spec" and current["request_class"].startswith("chat.")
+        t.join()
+
+
+def test_api_key_enforced() -> None:
+    with serve(FakeEngine(), GatewayConfig(api_key="s3cret")) as s:
+        bad = s.client(api_key="wrong")
+        with pytest.raises(openai.AuthenticationError) as exc:
+            bad.models.list()
+        assert exc.value.status_code == 401
+        r = httpx.post(f"{s.v1}/chat/completions", json={"messages": []})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert httpx.get(f"{s.url}/metrics").status_code == 401
+        assert httpx.get(f"{s.url}/health").status_code == 200  # probes stay open
+        good = s.client(api_key="s3cret")
+        assert good.models.list().data[0].id == "fake-model"
+        r2 = good.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in r2 if c.choices) == "Hello! You said: hi"
+
+
+def test_health_503_while_loading_then_200() -> None:
+    release = threading.Event()
+    engine = FakeEngine()
+
+    def slow_factory() -> FakeEngine:
+        release.wait(10)
+        return engine
+
+    with serve(engine, factory=slow_factory, wait_ready=False) as s:
+        r = httpx.get(f"{s.url}/health")
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        r = httpx.post(f"{s.v1}/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 503 and "retry-after" in r.headers
+        release.set()
+        assert wait_for(lambda: httpx.get(f"{s.url}/health").status_code == 200)
+        assert engine.threads == {"toolflash-engine"} or not engine.threads
+
+
+def test_engine_runs_on_one_worker_thread() -> None:
+    engine = FakeEngine()
+    with serve(engine) as s:
+        c = s.client()
+        for _ in range(3):
+            c.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}])
+        c.completions.create(model="fake-model", prompt="abc")
+    assert engine.threads == {"toolflash-engine"}
+
+
+def test_load_failure_reported() -> None:
+    def broken() -> FakeEngine:
+        raise RuntimeError("weights missing")
+
+    with serve(FakeEngine(), factory=broken, wait_ready=False) as s:
+        assert wait_for(lambda: httpx.get(f"{s.url}/health").json()["status"] == "failed")
+        body = httpx.get(f"{s.url}/health").json()
+        assert "weights missing" in body["error"]
+        r = httpx.get(f"{s.v1}/models")
+        assert r.status_code == 503 and "failed" in r.json()["error"]["message"]

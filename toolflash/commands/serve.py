@@ -1,0 +1,125 @@
+"""`toolflash serve`: the OpenAI-compatible gateway on uvicorn.
+
+The engine is built on the engine worker thread once the server is up, so /health answers 503
+while the model loads and 200 when it is ready; a failed load stops the server (exit code 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="target model (default: the embedded tiny pair)")
+    p.add_argument("--draft", default=None, help="DFlash drafter (default: from the registry)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("TOOLFLASH_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (env TOOLFLASH_API_KEY); mandatory when "
+        "--host is not a loopback address",
+    )
+    p.add_argument(
+        "--mode", choices=("spec", "ar"), default="spec", help="decoding mode to start in"
+    )
+    p.add_argument("--block-size", type=int, default=None, help="speculative block size")
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=16,
+        help="requests that may wait for the engine (429 past it)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        action="append",
+        default=[],
+        help="extra name clients may use for the model (repeatable)",
+    )
+    p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=8192,
+        help="output cap when a request names none (it otherwise fills the context)",
+    )
+    p.add_argument(
+        "--max-body-mb", type=float, default=16.0, help="request body limit (413 past it)"
+    )
+    p.add_argument("--log-format", choices=("json", "console"), default="json")
+    p.add_argument("--log-level", default="info")
+
+
+def is_loopback(host: str) -> bool:
+    """True for loopback addresses and 'localhost'."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _engine_factory(args: argparse.Namespace) -> Any:
+    def build() -> Any:
+        from toolflash.engine.factory import build_engine
+
+        return build_engine(args.model, args.draft, mode=args.mode, block_size=args.block_size)
+
+    return build
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from toolflash.gateway.app import create_app
+    from toolflash.gateway.config import GatewayConfig
+    from toolflash.gateway.logs import configure_logging
+
+    if not is_loopback(args.host) and not args.api_key:
+        print(
+            f"toolflash serve: binding {args.host} (not loopback) requires --api-key "
+            "(or TOOLFLASH_API_KEY)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.max_queue < 1:
+        print("toolflash serve: --max-queue must be at least 1", file=sys.stderr)
+        return 2
+    configure_logging(json_lines=args.log_format == "json", level=args.log_level)
+    config = GatewayConfig(
+        mode=args.mode,
+        block_size=args.block_size,
+        max_queue=args.max_queue,
+        api_key=args.api_key,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        default_max_tokens=args.default_max_tokens,
+        served_model_names=tuple(args.served_model_name),
+    )
+    failed: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def on_load_failure(exc: BaseException) -> None:
+        failed.append(exc)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(_engine_factory(args), config, on_load_failure=on_load_failure)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            access_log=False,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=5,
+        )
+    )
+    server.run()
+    if failed:
+        print(f"toolflash serve: the engine failed to load: {failed[0]}", file=sys.stderr)
+        return 1
+    return 0
