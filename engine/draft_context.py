@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .drafter import DFlashDrafter
+from .state import DraftState
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,27 @@ class DraftContext:
             self._pending, self._pending_rows = [], 0
             self._trim()
         return [(k, v) for k, v in zip(self.keys, self.values) if k is not None and v is not None]
+
+    def export_state(self) -> DraftState:
+        """The context with pending features absorbed (so the state is self-contained)."""
+        self.absorb()
+        keys = tuple(k for k in self.keys if k is not None)
+        values = tuple(v for v in self.values if v is not None)
+        return DraftState(keys, values, self.covered, self.window.sink, self.window.window)
+
+    def load_state(self, state: DraftState) -> None:
+        """Resume from `state`; it must have been made with this drafter's window."""
+        if (state.sink, state.window) != (self.window.sink, self.window.window):
+            raise ValueError(
+                f"drafter context made with sink/window {state.sink}/{state.window}, "
+                f"this session uses {self.window.sink}/{self.window.window}"
+            )
+        if len(state.keys) not in (0, len(self.keys)):
+            raise ValueError("drafter context state has another number of layers")
+        if state.keys:
+            self.keys, self.values = list(state.keys), list(state.values)
+        self.covered = state.covered
+        self._pending, self._pending_rows = [], 0
 
     def positions_array(self) -> mx.array:
         """Absolute positions of the retained context rows (after `absorb`)."""

@@ -22,6 +22,7 @@ from .api import CycleRecord, Mode
 from .draft_context import DraftContext, DraftWindow
 from .drafter import DFlashDrafter
 from .host import host_int, host_ints
+from .state import SessionState, export_cache, restore_cache
 from .targets.base import TargetAdapter
 
 # Given the tokens a step is about to commit, the index of the last one to emit when the
@@ -62,32 +63,80 @@ class GenerationSession:
         self.tokens: list[int] = []
         self.fed = 0
         self.cycles = 0
+        self.last_logits: mx.array | None = None  # target logits at the last fed position
+        self._prefilled: list[int] = []
 
     @property
     def staged(self) -> int:
         return self.tokens[-1]
 
     # -- prefill -----------------------------------------------------------------------
-    def prefill(self, prompt: Sequence[int]) -> int:
+    def prefill(
+        self,
+        prompt: Sequence[int],
+        restore: SessionState | None = None,
+        publish_at: Sequence[int] = (),
+        publish: Callable[[SessionState], None] | None = None,
+    ) -> int:
         """Run the prompt through the target in chunks, queue its features for the drafter,
-        and commit the target's first token (returned)."""
+        and commit the target's first token (returned).
+
+        `restore` resumes from a state whose tokens are a prefix of `prompt` (only the rest
+        is computed). At each position in `publish_at` the state is handed to `publish`."""
         if not prompt:
             raise ValueError("empty prompt")
-        logits = None
-        for start in range(0, len(prompt), self.prefill_chunk):
-            chunk = mx.array([list(prompt[start : start + self.prefill_chunk])])
-            res = self.target.forward(chunk, self.cache, self.capture, last_logits_only=True)
-            if self.draft_ctx is not None and res.features is not None:
-                self.draft_ctx.add_features(res.features)
-                mx.eval(res.logits, res.features)
-            else:
-                mx.eval(res.logits)
-            logits = res.logits
+        start = 0
+        if restore is not None:
+            if tuple(prompt[: len(restore.tokens)]) != restore.tokens:
+                raise ValueError("restored state is not a prefix of the prompt")
+            self.load_state(restore)
+            start = len(restore.tokens)
+        stops = sorted({p for p in publish_at if start < p <= len(prompt)} | {len(prompt)})
+        pos = start
+        for stop in stops:
+            while pos < stop:
+                end = min(pos + self.prefill_chunk, stop)
+                self._prefill_chunk(prompt[pos:end])
+                pos = end
+            if publish is not None and stop in publish_at:
+                publish(self.export_state())
+        logits = self.last_logits
         assert logits is not None
-        first = host_int(mx.argmax(logits[0, -1]))
+        first = host_int(mx.argmax(logits))
         self.tokens = [*prompt, first]
         self.fed = len(prompt)
         return first
+
+    def _prefill_chunk(self, tokens: Sequence[int]) -> None:
+        chunk = mx.array([list(tokens)])
+        res = self.target.forward(chunk, self.cache, self.capture, last_logits_only=True)
+        self.last_logits = res.logits[0, -1]
+        self._prefilled.extend(tokens)
+        if self.draft_ctx is not None and res.features is not None:
+            self.draft_ctx.add_features(res.features)
+            mx.eval(self.last_logits, res.features)
+        else:
+            mx.eval(self.last_logits)
+
+    # -- state -------------------------------------------------------------------------
+    def export_state(self) -> SessionState:
+        """The state after every token fed so far (prefill or decode)."""
+        assert self.last_logits is not None
+        fed = tuple(self._prefilled) if not self.tokens else tuple(self.tokens[: self.fed])
+        draft = self.draft_ctx.export_state() if self.draft_ctx is not None else None
+        return SessionState(fed, export_cache(self.cache), draft, self.last_logits)
+
+    def load_state(self, state: SessionState) -> None:
+        """Resume from `state` (the session must be fresh)."""
+        if self._prefilled or self.tokens:
+            raise ValueError("load_state needs a fresh session")
+        restore_cache(self.cache, state.layers)
+        if self.draft_ctx is not None:
+            if state.draft is None:
+                raise ValueError("state has no drafter context but the session has a drafter")
+            self.draft_ctx.load_state(state.draft)
+        self.last_logits = state.last_logits
+        self._prefilled = list(state.tokens)
 
     # -- decode ------------------------------------------------------------------------
     def step(self, mode: Mode, block_size: int, stop_check: StopCheck) -> StepResult:
@@ -99,7 +148,8 @@ class GenerationSession:
     def _ar_step(self, stop_check: StopCheck) -> StepResult:
         t0 = time.perf_counter()
         res = self.target.forward(mx.array([[self.staged]]), self.cache, self.capture)
-        nxt = mx.argmax(res.logits[0, -1])
+        self.last_logits = res.logits[0, -1]
+        nxt = mx.argmax(self.last_logits)
         if self.draft_ctx is not None and res.features is not None:
             self.draft_ctx.add_features(res.features)
             mx.eval(nxt, res.features)
@@ -129,6 +179,7 @@ class GenerationSession:
         if end is not None:
             committed = committed[: end + 1]
         keep = min(accepted, len(committed) - 1) + 1  # block tokens whose K/V stay
+        self.last_logits = res.logits[0, keep - 1]
         self.target.rollback(self.cache, res, keep)
         if self.draft_ctx is not None and res.features is not None:
             self.draft_ctx.add_features(res.features[:, :keep])
