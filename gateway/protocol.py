@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    field_validator,
+    model_validator,
+)
 
 
 class OpenAIBaseModel(BaseModel):
@@ -203,7 +210,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
 class CompletionRequest(OpenAIBaseModel):
     """POST /v1/completions (legacy text completion)."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[NonNegativeInt] | list[list[NonNegativeInt]]
     model: str | None = None
     echo: bool | None = None
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)

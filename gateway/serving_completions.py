@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from toolflash.engine.api import Engine, FinishEvent, GenerationRequest, TokenEvent
 from toolflash.gateway import sse
 from toolflash.gateway.config import GatewayConfig
-from toolflash.gateway.errors import to_gateway_error
+from toolflash.gateway.errors import BadRequest, to_gateway_error
 from toolflash.gateway.protocol import (
     Completion,
     CompletionChoice,
@@ -47,6 +47,12 @@ def completion_preparer(
             tokens = engine.encode(prompt)
         else:
             tokens = [int(t) for t in prompt]
+            try:
+                engine.decode(tokens)
+            except (ValueError, IndexError, KeyError, OverflowError, TypeError):
+                raise BadRequest(
+                    "prompt contains token ids outside the model's vocabulary", param="prompt"
+                ) from None
         max_tokens, clamped = token_budget(
             len(tokens), req.max_tokens, engine.context_length, config.default_max_tokens
         )

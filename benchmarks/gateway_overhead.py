@@ -1,0 +1,299 @@
+"""Gateway overhead: the same generations through HTTP and through the engine directly, and
+concurrent clients (1/4/16) for throughput and queueing.
+
+    python benchmarks/gateway_overhead.py                     # embedded tiny pair
+    python benchmarks/gateway_overhead.py --model M --draft D --json out.json
+    python benchmarks/gateway_overhead.py --engine fake       # deterministic test engine
+
+The direct runs happen inside the engine factory, on the server's engine worker thread, so the
+engine is only ever used from one thread (as in serving). Decoding is greedy, so each HTTP run
+must produce exactly the tokens of its direct twin; the script checks that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import socket
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from toolflash.engine.api import Engine, FinishEvent, GenerationRequest, TokenEvent
+from toolflash.gateway.app import create_app
+from toolflash.gateway.config import GatewayConfig
+
+PROMPTS = [
+    "Write a Python function that reverses a linked list.",
+    "Explain what a context manager is in two sentences.",
+    "List five common git commands and what they do.",
+    "What does HTTP status 429 mean?",
+]
+
+
+@dataclass
+class Run:
+    e2e_s: float
+    ttft_s: float | None
+    completion_tokens: int
+    queue_s: float = 0.0
+
+
+def messages(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def direct_run(engine: Engine, prompt: str, max_tokens: int, mode: str) -> Run:
+    """One generation through the engine API (what the gateway does, minus HTTP)."""
+    t0 = time.perf_counter()
+    tokens = engine.encode_chat(messages(prompt), None, {"enable_thinking": False})
+    request = GenerationRequest(prompt_tokens=tuple(tokens), max_tokens=max_tokens, mode=mode)  # type: ignore[arg-type]
+    ttft = None
+    n = 0
+    for ev in engine.generate(request):
+        if isinstance(ev, TokenEvent) and ev.token_ids and ttft is None:
+            ttft = time.perf_counter() - t0
+        if isinstance(ev, FinishEvent):
+            n = ev.stats.completion_tokens
+    return Run(time.perf_counter() - t0, ttft, n)
+
+
+def http_run(client: httpx.Client, url: str, prompt: str, max_tokens: int, stream: bool) -> Run:
+    body: dict[str, Any] = {
+        "messages": messages(prompt),
+        "max_tokens": max_tokens,
+        "chat_template_kwargs": {"enable_thinking": False},
+        "stream": stream,
+    }
+    t0 = time.perf_counter()
+    if not stream:
+        r = client.post(f"{url}/v1/chat/completions", json=body)
+        r.raise_for_status()
+        data = r.json()
+        e2e = time.perf_counter() - t0
+        tf = data["toolflash"]["timings"]
+        return Run(e2e, None, data["usage"]["completion_tokens"], tf["queue_s"])
+    body["stream_options"] = {"include_usage": True}
+    ttft = None
+    usage: dict[str, Any] = {}
+    queue_s = 0.0
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"]["message"])
+            choices = chunk.get("choices") or []
+            if (
+                ttft is None
+                and choices
+                and (
+                    choices[0]["delta"].get("content")
+                    or choices[0]["delta"].get("reasoning_content")
+                )
+            ):
+                ttft = time.perf_counter() - t0
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+                queue_s = chunk["toolflash"]["timings"]["queue_s"]
+    return Run(time.perf_counter() - t0, ttft, usage.get("completion_tokens", 0), queue_s)
+
+
+def start_server(
+    factory: Callable[[], Engine], config: GatewayConfig
+) -> tuple[str, uvicorn.Server, threading.Thread]:
+    # proto=IPPROTO_TCP: asyncio only sets TCP_NODELAY on accepted sockets of that proto
+    # (with proto 0 every response body waits ~40 ms for a delayed ACK).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(factory, config), log_level="warning", access_log=False)
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread
+
+
+def wait_ready(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(f"{url}/health", timeout=2)
+            if r.status_code == 200:
+                return
+            if r.json().get("status") == "failed":
+                raise RuntimeError(f"engine failed to load: {r.json().get('error')}")
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("the engine did not become ready")
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def overhead(direct: list[Run], http: list[Run]) -> dict[str, float]:
+    added = [h.e2e_s - d.e2e_s for d, h in zip(direct, http, strict=True)]
+    per_tok = [a / max(h.completion_tokens, 1) for a, h in zip(added, http, strict=True)]
+    return {
+        "direct_e2e_ms": round(1e3 * median([d.e2e_s for d in direct]), 3),
+        "http_e2e_ms": round(1e3 * median([h.e2e_s for h in http]), 3),
+        "added_ms_per_request": round(1e3 * median(added), 3),
+        "added_ms_per_token": round(1e3 * median(per_tok), 4),
+    }
+
+
+def concurrency(url: str, clients: int, per_client: int, max_tokens: int) -> dict[str, Any]:
+    runs: list[Run] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        with httpx.Client(timeout=600) as c:
+            for k in range(per_client):
+                try:
+                    run = http_run(c, url, PROMPTS[(i + k) % len(PROMPTS)], max_tokens, stream=True)
+                except Exception as exc:  # report, do not hide: 429s show up here
+                    with lock:
+                        errors.append(repr(exc))
+                    continue
+                with lock:
+                    runs.append(run)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    tokens = sum(r.completion_tokens for r in runs)
+    return {
+        "clients": clients,
+        "requests": len(runs),
+        "errors": errors[:5],
+        "wall_s": round(wall, 3),
+        "throughput_tok_s": round(tokens / wall, 2) if wall > 0 else 0.0,
+        "requests_per_s": round(len(runs) / wall, 3) if wall > 0 else 0.0,
+        "median_queue_ms": round(1e3 * median([r.queue_s for r in runs]), 2),
+        "max_queue_ms": round(1e3 * max((r.queue_s for r in runs), default=0.0), 2),
+        "median_ttft_ms": round(1e3 * median([r.ttft_s for r in runs if r.ttft_s is not None]), 2),
+        "median_e2e_ms": round(1e3 * median([r.e2e_s for r in runs]), 2),
+    }
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("toolflash", "mlx", "mlx-lm", "starlette", "uvicorn", "httpx"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", default=None)
+    p.add_argument("--draft", default=None)
+    p.add_argument("--engine", choices=("real", "fake"), default="real")
+    p.add_argument("--fake-cycle-ms", type=float, default=2.0, help="fake engine: delay per cycle")
+    p.add_argument("--mode", choices=("spec", "ar"), default="spec")
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=2, help="runs of each prompt per variant")
+    p.add_argument("--clients", default="1,4,16")
+    p.add_argument("--per-client", type=int, default=2)
+    p.add_argument("--json", dest="json_out", default=None)
+    args = p.parse_args(argv)
+
+    direct: list[Run] = []
+    work = [pr for pr in PROMPTS for _ in range(args.repeats)]
+
+    def factory() -> Engine:
+        engine: Engine
+        if args.engine == "fake":
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            from tests.gateway.fake_engine import FakeEngine
+
+            engine = FakeEngine(cycle_delay_s=args.fake_cycle_ms / 1e3)
+        else:
+            from toolflash.engine.factory import build_engine
+
+            engine = build_engine(
+                args.model, args.draft, mode=args.mode, block_size=args.block_size
+            )
+        direct_run(engine, PROMPTS[0], 4, args.mode)  # warm-up (compilation, caches)
+        for prompt in work:
+            direct.append(direct_run(engine, prompt, args.max_tokens, args.mode))
+        return engine
+
+    config = GatewayConfig(mode=args.mode, block_size=args.block_size, max_queue=64)
+    url, server, thread = start_server(factory, config)
+    try:
+        wait_ready(url, timeout=1800)
+        with httpx.Client(timeout=600) as c:
+            http_run(c, url, PROMPTS[0], 4, stream=False)  # warm-up
+            plain = [http_run(c, url, pr, args.max_tokens, stream=False) for pr in work]
+            streamed = [http_run(c, url, pr, args.max_tokens, stream=True) for pr in work]
+        mismatch = [
+            (d.completion_tokens, h.completion_tokens, s.completion_tokens)
+            for d, h, s in zip(direct, plain, streamed, strict=True)
+            if not d.completion_tokens == h.completion_tokens == s.completion_tokens
+        ]
+        conc = [
+            concurrency(url, int(n), args.per_client, args.max_tokens)
+            for n in args.clients.split(",")
+        ]
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+    report = {
+        "benchmark": "gateway_overhead",
+        "engine": args.engine,
+        "model": args.model or ("fake" if args.engine == "fake" else "embedded tiny pair"),
+        "draft": args.draft,
+        "mode": args.mode,
+        "max_tokens": args.max_tokens,
+        "runs_per_variant": len(work),
+        "median_completion_tokens": median([float(d.completion_tokens) for d in direct]),
+        "token_mismatches": mismatch,
+        "non_streaming": overhead(direct, plain),
+        "streaming": {
+            **overhead(direct, streamed),
+            "direct_ttft_ms": round(1e3 * median([d.ttft_s for d in direct if d.ttft_s]), 3),
+            "http_ttft_ms": round(1e3 * median([s.ttft_s for s in streamed if s.ttft_s]), 3),
+        },
+        "concurrency": conc,
+        "machine": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "cpus": __import__("os").cpu_count(),
+        },
+        "versions": versions(),
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json_out:
+        Path(args.json_out).write_text(text + "\n")
+    return 1 if mismatch else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
