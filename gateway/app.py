@@ -30,7 +30,7 @@ from toolflash.gateway.errors import (
 from toolflash.gateway.metrics import GatewayMetrics
 from toolflash.gateway.openapi import openapi_document
 from toolflash.gateway.protocol import ModelCard, ModelList
-from toolflash.gateway.serving import GatewayContext, gateway
+from toolflash.gateway.serving import ControllerFactory, GatewayContext, gateway
 from toolflash.gateway.serving_chat import create_chat_completion
 from toolflash.gateway.serving_completions import create_completion
 from toolflash.gateway.status import LiveStatus
@@ -147,9 +147,12 @@ def create_app(
     config: GatewayConfig | None = None,
     *,
     on_load_failure: Callable[[BaseException], None] | None = None,
+    controller_factory: ControllerFactory | None = None,
 ) -> Starlette:
     """The gateway app. The engine is built by `engine_factory` on the worker thread when the
-    app starts; until it is ready /health answers 503 and API routes 503 with Retry-After."""
+    app starts; until it is ready /health answers 503 and API routes 503 with Retry-After.
+    `controller_factory(engine, request_class)` gives each request its mode controller (the
+    adaptive policy); it runs on the engine thread, and its decisions are reported."""
     config = config or GatewayConfig()
 
     @contextlib.asynccontextmanager
@@ -162,6 +165,7 @@ def create_app(
             worker=worker,
             metrics=GatewayMetrics(lambda: worker.waiting, lambda: worker.running),
             status=LiveStatus(worker),
+            controller_factory=controller_factory,
         )
         app.state.gateway = ctx
         t0 = time.perf_counter()

@@ -257,6 +257,7 @@ class Decision(BaseModel):
 
     cycle: int
     mode: str
+    block_size: int | None = None
     reason: str
 
 

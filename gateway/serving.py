@@ -7,21 +7,31 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import structlog
 from starlette.requests import Request
 
-from toolflash.engine.api import ContextLengthError, Engine, GenerationStats
+from toolflash.engine.api import (
+    ContextLengthError,
+    CycleRecord,
+    Engine,
+    GenerationStats,
+    ModeController,
+)
 from toolflash.gateway.config import GatewayConfig
+from toolflash.gateway.decisions import DecisionLog
 from toolflash.gateway.errors import BadRequest, ModelNotFound, NotReady, PayloadTooLarge
 from toolflash.gateway.metrics import GatewayMetrics, RequestOutcome
 from toolflash.gateway.protocol import Decision, Timings, ToolflashInfo
 from toolflash.gateway.status import LiveStatus, RequestRecord
 from toolflash.gateway.worker import EngineWorker, Job, Prepared
+from toolflash.policy.request_class import RequestClass
 
 log = structlog.get_logger("toolflash.gateway")
+
+ControllerFactory = Callable[[Engine, RequestClass], ModeController | None]
 
 
 @dataclass
@@ -32,6 +42,8 @@ class GatewayContext:
     worker: EngineWorker
     metrics: GatewayMetrics
     status: LiveStatus
+    # The adaptive policy: a mode controller per request (None: the engine runs request.mode).
+    controller_factory: ControllerFactory | None = None
 
     def engine(self) -> Engine:
         engine = self.worker.engine
@@ -101,6 +113,14 @@ def token_budget(
     if requested is None:
         return min(room, default_cap), False
     return min(requested, room), requested > room
+
+
+def decision_log(
+    factory: ControllerFactory | None, engine: Engine, request_class: RequestClass
+) -> DecisionLog | None:
+    """The policy's controller for this request, wrapped so its decisions are reported."""
+    controller = factory(engine, request_class) if factory is not None else None
+    return DecisionLog(controller) if controller is not None else None
 
 
 def new_id(prefix: str) -> str:
@@ -178,13 +198,8 @@ class RequestRun:
         assert self.prepared is not None
         s = self.stats
         req = self.prepared.request
-        decisions = [Decision(cycle=0, mode=req.mode, reason="server default mode")]
         cycles = s.cycles if s else ()
-        for prev, c in zip(cycles, cycles[1:], strict=False):
-            if c.mode != prev.mode:
-                decisions.append(
-                    Decision(cycle=c.index, mode=c.mode, reason="engine switched mode")
-                )
+        decisions = self.decisions(cycles)
         return ToolflashInfo(
             request_id=self.request_id,
             request_class=self.request_class,
@@ -203,6 +218,20 @@ class RequestRun:
             ignored_fields=self.ignored_fields,
             **(extra or {}),
         )
+
+    def decisions(self, cycles: tuple[CycleRecord, ...]) -> list[Decision]:
+        """The policy's logged decisions, or (without a policy) the server default and any
+        mode change seen in the cycle records."""
+        assert self.prepared is not None
+        log_ = self.prepared.decision_log
+        if log_ is not None and log_.decisions:
+            return [Decision(**asdict(d)) for d in log_.decisions]
+        req = self.prepared.request
+        out = [Decision(cycle=0, mode=req.mode, block_size=req.block_size, reason="server default")]
+        for prev, c in zip(cycles, cycles[1:], strict=False):
+            if c.mode != prev.mode:
+                out.append(Decision(cycle=c.index, mode=c.mode, reason="engine switched mode"))
+        return out
 
     def record(self, *, status: int = 200, error: str | None = None) -> None:
         """Metrics, status ring and the one log line; idempotent."""

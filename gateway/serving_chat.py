@@ -42,7 +42,9 @@ from toolflash.gateway.protocol import (
     content_text,
 )
 from toolflash.gateway.serving import (
+    ControllerFactory,
     RequestRun,
+    decision_log,
     gateway,
     new_id,
     read_json,
@@ -112,7 +114,10 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
 
 
 def chat_preparer(
-    req: ChatCompletionRequest, config: GatewayConfig, request_id: str
+    req: ChatCompletionRequest,
+    config: GatewayConfig,
+    request_id: str,
+    controller_factory: ControllerFactory | None = None,
 ) -> Callable[[Engine], Prepared]:
     """The worker-side half of a chat request: tokenize, budget, classify."""
     messages = template_messages(req)
@@ -149,7 +154,13 @@ def chat_preparer(
         )
         # Templates that open the answer inside <think> leave the tag at the prompt's end.
         start_in_reasoning = engine.decode(tokens[-8:]).rstrip().endswith("<think>")
-        return Prepared(request, request_class, start_in_reasoning, clamped)
+        return Prepared(
+            request,
+            request_class,
+            start_in_reasoning,
+            clamped,
+            decision_log(controller_factory, engine, request_class),
+        )
 
     return prepare
 
@@ -170,7 +181,7 @@ async def create_chat_completion(request: Request) -> Response:
     check_chat_supported(req)
     engine = ctx.engine()
     run = RequestRun(ctx, "chat", new_id("chatcmpl"), model, bool(req.stream), req.ignored_fields())
-    job = run.submit(chat_preparer(req, ctx.config, run.request_id))
+    job = run.submit(chat_preparer(req, ctx.config, run.request_id, ctx.controller_factory))
     watcher = asyncio.create_task(watch_disconnect(request, job))
     try:
         try:

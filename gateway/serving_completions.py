@@ -22,7 +22,9 @@ from toolflash.gateway.protocol import (
     Usage,
 )
 from toolflash.gateway.serving import (
+    ControllerFactory,
     RequestRun,
+    decision_log,
     gateway,
     new_id,
     read_json,
@@ -36,7 +38,10 @@ from toolflash.policy.request_class import classify
 
 
 def completion_preparer(
-    req: CompletionRequest, config: GatewayConfig, request_id: str
+    req: CompletionRequest,
+    config: GatewayConfig,
+    request_id: str,
+    controller_factory: ControllerFactory | None = None,
 ) -> Callable[[Engine], Prepared]:
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
@@ -74,7 +79,13 @@ def completion_preparer(
             last_role=None,
             prompt_tokens=len(tokens),
         )
-        return Prepared(request, request_class, False, clamped)
+        return Prepared(
+            request,
+            request_class,
+            False,
+            clamped,
+            decision_log(controller_factory, engine, request_class),
+        )
 
     return prepare
 
@@ -119,7 +130,7 @@ async def create_completion(request: Request) -> Response:
     run = RequestRun(
         ctx, "completions", new_id("cmpl"), model, bool(req.stream), req.ignored_fields()
     )
-    job = run.submit(completion_preparer(req, ctx.config, run.request_id))
+    job = run.submit(completion_preparer(req, ctx.config, run.request_id, ctx.controller_factory))
     watcher = asyncio.create_task(watch_disconnect(request, job))
     try:
         try:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import structlog
 
 from toolflash.engine.api import Engine, EngineEvent, FinishEvent, GenerationRequest, TokenEvent
+from toolflash.gateway.decisions import DecisionLog
 from toolflash.gateway.errors import ClientGone, NotReady, Overloaded
 from toolflash.policy.request_class import RequestClass
 
@@ -35,6 +36,7 @@ class Prepared:
     request_class: RequestClass
     start_in_reasoning: bool = False
     max_tokens_clamped: bool = False
+    decision_log: DecisionLog | None = None  # wraps the policy's controller, when there is one
 
 
 class Job:
@@ -190,7 +192,12 @@ class EngineWorker:
         job.mode = prepared.request.mode
         job.push("prepared", prepared)
         try:
-            for event in engine.generate(prepared.request, job.cancel):
+            events = (
+                engine.generate(prepared.request, job.cancel)
+                if prepared.decision_log is None
+                else engine.generate(prepared.request, job.cancel, prepared.decision_log)
+            )
+            for event in events:
                 if isinstance(event, TokenEvent):
                     job.tokens += len(event.token_ids)
                     if event.cycle is not None:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import openai
@@ -40,10 +41,11 @@ def serve(
     config: GatewayConfig | None = None,
     factory: Callable[[], Engine] | None = None,
     wait_ready: bool = True,
+    app_kwargs: dict[str, Any] | None = None,
 ) -> Iterator[Served]:
     """Start uvicorn with the gateway around `engine` and stop it afterwards."""
     engine = engine or FakeEngine()
-    app = create_app(factory or (lambda: engine), config or GatewayConfig())
+    app = create_app(factory or (lambda: engine), config or GatewayConfig(), **(app_kwargs or {}))
     # proto=IPPROTO_TCP: asyncio only sets TCP_NODELAY on accepted sockets of that proto
     # (with proto 0 every response body waits ~40 ms for a delayed ACK).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

@@ -23,6 +23,7 @@ from toolflash.engine.api import (
     FinishEvent,
     GenerationRequest,
     GenerationStats,
+    ModeController,
     TokenEvent,
 )
 
@@ -102,22 +103,31 @@ class FakeEngine:
         return f"Hello! You said: {content[:40]}"
 
     def generate(
-        self, request: GenerationRequest, cancel: threading.Event | None = None
+        self,
+        request: GenerationRequest,
+        cancel: threading.Event | None = None,
+        controller: ModeController | None = None,
     ) -> Iterator[EngineEvent]:
         self.threads.add(threading.current_thread().name)
         self.last_request = request
         prompt = self.decode(request.prompt_tokens)
         if not request.prompt_tokens or len(request.prompt_tokens) >= self.context_length:
-            raise ContextLengthError(len(request.prompt_tokens), request.max_tokens, self.context_length)
+            raise ContextLengthError(
+                len(request.prompt_tokens), request.max_tokens, self.context_length
+            )
         target = self.encode(self.respond(prompt))
         self.active.set()
         try:
-            yield from self._cycles(request, target, cancel)
+            yield from self._cycles(request, target, cancel, controller)
         finally:
             self.active.clear()
 
     def _cycles(
-        self, request: GenerationRequest, target: list[int], cancel: threading.Event | None
+        self,
+        request: GenerationRequest,
+        target: list[int],
+        cancel: threading.Event | None,
+        controller: ModeController | None,
     ) -> Iterator[EngineEvent]:
         t0 = time.perf_counter()
         stops = request.stop_strings
@@ -127,6 +137,9 @@ class FakeEngine:
         mode = request.mode
         reason = "stop"
         block = request.block_size or self.block_size
+        if controller is not None:
+            decision = controller.start(len(request.prompt_tokens), block)
+            mode, block = decision.mode, decision.block_size
         i = 0
         while True:
             if cancel is not None and cancel.is_set():
@@ -170,6 +183,9 @@ class FakeEngine:
                 break
             safe = len(text) - stop_holdback(text, stops)
             yield TokenEvent(tuple(new), text[sent:safe], rec)
+            if controller is not None:
+                decision = controller.after_step(rec, new, text[sent:safe])
+                mode, block = decision.mode, decision.block_size
             sent = max(sent, safe)
         if reason != "cancelled" and not any(s in self.decode(committed) for s in stops):
             tail = self.decode(committed)[sent:]
@@ -185,4 +201,6 @@ class FakeEngine:
             decode_s=max(elapsed, 1e-6),
             cycles=tuple(cycles),
         )
+        if controller is not None:
+            controller.finish(stats)
         yield FinishEvent(reason, stats)  # type: ignore[arg-type]

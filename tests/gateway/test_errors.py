@@ -39,7 +39,13 @@ def assert_error(r: httpx.Response, status: int, needle: str = "", code: str | N
 
 
 CASES = [
-    ("malformed_json", {"content": b'{"model": "fake-model", "messages": ['}, 400, "not valid JSON", None),
+    (
+        "malformed_json",
+        {"content": b'{"model": "fake-model", "messages": ['},
+        400,
+        "not valid JSON",
+        None,
+    ),
     ("not_an_object", {"json": [1, 2]}, 400, "must be a JSON object", None),
     ("empty_body", {"content": b""}, 400, "empty", None),
     ("messages_wrong_type", {"json": {"messages": "hi"}}, 400, "messages", None),
@@ -61,21 +67,35 @@ CASES = [
     ),
     ("max_tokens_zero", {"json": {**OK, "max_tokens": 0}}, 400, "max_tokens", None),
     ("temperature_type", {"json": {**OK, "temperature": "hot"}}, 400, "temperature", None),
-    ("image_part", {"json": {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}}, 400, "text only", None),
+    (
+        "image_part",
+        {"json": {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}},
+        400,
+        "text only",
+        None,
+    ),
     ("unknown_model", {"json": {**OK, "model": "gpt-9"}}, 404, "gpt-9", "model_not_found"),
     (
         "invalid_tool_schema",
         {
             "json": {
                 **OK,
-                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 7}}}],
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": 7}}}
+                ],
             }
         },
         400,
         "json schema",
         None,
     ),
-    ("bad_tool_name", {"json": {**OK, "tools": [{"type": "function", "function": {"name": "a b"}}]}}, 400, "name", None),
+    (
+        "bad_tool_name",
+        {"json": {**OK, "tools": [{"type": "function", "function": {"name": "a b"}}]}},
+        400,
+        "name",
+        None,
+    ),
     ("duplicate_tools", {"json": {**OK, "tools": [TOOL, TOOL]}}, 400, "unique", None),
     ("n_2", {"json": {**OK, "n": 2}}, 400, "n > 1", "unsupported_parameter"),
     ("logprobs", {"json": {**OK, "logprobs": True}}, 400, "logprobs", "unsupported_parameter"),
@@ -86,10 +106,22 @@ CASES = [
         "constrained decoding",
         "unsupported_parameter",
     ),
-    ("tool_required", {"json": {**OK, "tools": [TOOL], "tool_choice": "required"}}, 400, "constrained decoding", None),
+    (
+        "tool_required",
+        {"json": {**OK, "tools": [TOOL], "tool_choice": "required"}},
+        400,
+        "constrained decoding",
+        None,
+    ),
     (
         "tool_named",
-        {"json": {**OK, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}}},
+        {
+            "json": {
+                **OK,
+                "tools": [TOOL],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            }
+        },
         400,
         "constrained decoding",
         None,
@@ -102,12 +134,22 @@ CASES = [
         "maximum context length is 256",
         "context_length_exceeded",
     ),
-    ("oversized_body", {"json": {**OK, "messages": [{"role": "user", "content": "x" * 5000}]}}, 413, "limit", None),
+    (
+        "oversized_body",
+        {"json": {**OK, "messages": [{"role": "user", "content": "x" * 5000}]}},
+        413,
+        "limit",
+        None,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("kw", "status", "needle", "code"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_chat_requests(small: Served, kw: dict, status: int, needle: str, code: str | None) -> None:
+@pytest.mark.parametrize(
+    ("kw", "status", "needle", "code"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_chat_requests(
+    small: Served, kw: dict, status: int, needle: str, code: str | None
+) -> None:
     assert_error(post(small, "/v1/chat/completions", **kw), status, needle, code)
     # ...and the server keeps serving.
     assert post(small, "/v1/chat/completions", json=OK).status_code == 200

@@ -172,7 +172,11 @@ def test_tool_arguments_stream_incrementally(served: Served) -> None:
         )
     )
     arg_chunks = [
-        tc for c in chunks for ch in c.choices for tc in ch.delta.tool_calls or [] if tc.function.arguments
+        tc
+        for c in chunks
+        for ch in c.choices
+        for tc in ch.delta.tool_calls or []
+        if tc.function.arguments
     ]
     assert len(arg_chunks) > 5  # arguments arrive in many pieces, not one
 
@@ -217,7 +221,9 @@ def test_call_cut_by_max_tokens_ends_with_length(served: Served) -> None:
 
 
 def test_parallel_tool_calls_false_keeps_one_and_stops() -> None:
-    script = hermes_call("read_file", {"path": "a"}) + "\n" + hermes_call("read_file", {"path": "b"})
+    script = (
+        hermes_call("read_file", {"path": "a"}) + "\n" + hermes_call("read_file", {"path": "b"})
+    )
     with serve(FakeEngine(cycle_delay_s=0.005)) as served:
         r = served.client().chat.completions.create(
             model="fake-model",
@@ -240,7 +246,9 @@ def test_tool_choice_none_does_not_render_tools(served: Served) -> None:
     )
     assert served.engine.last_chat is not None and served.engine.last_chat[1] is None
     assert r.choices[0].finish_reason == "stop" and not r.choices[0].message.tool_calls
-    assert r.choices[0].message.content is not None and "<tool_call>" in r.choices[0].message.content
+    assert (
+        r.choices[0].message.content is not None and "<tool_call>" in r.choices[0].message.content
+    )
 
 
 def test_tool_result_turn(served: Served) -> None:
@@ -325,7 +333,10 @@ def test_unknown_fields_ignored_and_reported(served: Served) -> None:
         messages=user("x"),
         extra_body={"reasoning_effort_custom": "high", "metadata_x": {"a": 1}},
     )
-    assert set(r.model_extra["toolflash"]["ignored_fields"]) == {"reasoning_effort_custom", "metadata_x"}
+    assert set(r.model_extra["toolflash"]["ignored_fields"]) == {
+        "reasoning_effort_custom",
+        "metadata_x",
+    }
 
 
 def test_completions(served: Served) -> None:
@@ -342,7 +353,9 @@ def test_completions(served: Served) -> None:
         )
     )
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == " streamed text"
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(" streamed text")
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(
+        " streamed text"
+    )
     r = c.completions.create(model="fake-model", prompt=[[83, 67, 82, 73, 80, 84, 58, 104]])
     assert r.choices[0].text == "h"
 

@@ -20,8 +20,16 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     args = parse()
     assert (args.host, args.port, args.mode, args.max_queue) == ("127.0.0.1", 8000, "spec", 16)
     assert args.model is None and args.draft is None and args.block_size is None
-    args = parse("--model", "m", "--draft", "d", "--mode", "ar", "--block-size", "8", "--max-queue", "2")
-    assert (args.model, args.draft, args.mode, args.block_size, args.max_queue) == ("m", "d", "ar", 8, 2)
+    args = parse(
+        "--model", "m", "--draft", "d", "--mode", "ar", "--block-size", "8", "--max-queue", "2"
+    )
+    assert (args.model, args.draft, args.mode, args.block_size, args.max_queue) == (
+        "m",
+        "d",
+        "ar",
+        8,
+        2,
+    )
 
 
 @pytest.mark.parametrize(
@@ -55,9 +63,7 @@ def test_engine_factory_is_lazy(monkeypatch: pytest.MonkeyPatch) -> None:
 
     import toolflash.engine.factory as factory
 
-    monkeypatch.setattr(
-        factory, "build_engine", lambda *a, **kw: calls.append((a, kw)) or "engine"
-    )
+    monkeypatch.setattr(factory, "build_engine", lambda *a, **kw: calls.append((a, kw)) or "engine")
     build = serve._engine_factory(parse("--model", "m", "--block-size", "4", "--mode", "ar"))
     assert calls == []  # nothing is loaded until the lifespan's worker calls it
     assert build() == "engine"

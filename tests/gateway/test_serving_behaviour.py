@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 import httpx
 import openai
@@ -11,7 +12,9 @@ import pytest
 
 from tests.gateway.conftest import serve
 from tests.gateway.fake_engine import FakeEngine
+from toolflash.engine.api import CycleRecord, GenerationStats, ModeDecision
 from toolflash.gateway.config import GatewayConfig
+from toolflash.policy.request_class import RequestClass
 
 LONG = {
     "model": "fake-model",
@@ -82,7 +85,10 @@ def test_queue_full_gives_429_with_retry_after_and_fifo() -> None:
         a.join()
         b.join()
         assert results == {"a": 200, "b": 200} and order == ["a", "b"]
-        assert "toolflash:requests_rejected_total{status=\"429\"} 1.0" in httpx.get(f"{s.url}/metrics").text
+        assert (
+            'toolflash:requests_rejected_total{status="429"} 1.0'
+            in httpx.get(f"{s.url}/metrics").text
+        )
 
 
 def test_status_shows_current_request() -> None:
@@ -95,7 +101,12 @@ def test_status_shows_current_request() -> None:
         )
         t.start()
         assert wait_for(engine.active.is_set)
-        assert wait_for(lambda: (httpx.get(f"{s.v1}/status").json()["current"] or {}).get("completion_tokens", 0) > 0)
+        assert wait_for(
+            lambda: (
+                (httpx.get(f"{s.v1}/status").json()["current"] or {}).get("completion_tokens", 0)
+                > 0
+            )
+        )
         current = httpx.get(f"{s.v1}/status").json()["current"]
         assert current["mode"] == "spec" and current["request_class"].startswith("chat.")
         t.join()
@@ -117,7 +128,10 @@ def test_api_key_enforced() -> None:
         r2 = good.chat.completions.create(
             model="fake-model", messages=[{"role": "user", "content": "hi"}], stream=True
         )
-        assert "".join(c.choices[0].delta.content or "" for c in r2 if c.choices) == "Hello! You said: hi"
+        assert (
+            "".join(c.choices[0].delta.content or "" for c in r2 if c.choices)
+            == "Hello! You said: hi"
+        )
 
 
 def test_health_503_while_loading_then_200() -> None:
@@ -131,7 +145,9 @@ def test_health_503_while_loading_then_200() -> None:
     with serve(engine, factory=slow_factory, wait_ready=False) as s:
         r = httpx.get(f"{s.url}/health")
         assert r.status_code == 503 and r.json()["status"] == "loading"
-        r = httpx.post(f"{s.v1}/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        r = httpx.post(
+            f"{s.v1}/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
+        )
         assert r.status_code == 503 and "retry-after" in r.headers
         release.set()
         assert wait_for(lambda: httpx.get(f"{s.url}/health").status_code == 200)
@@ -143,7 +159,9 @@ def test_engine_runs_on_one_worker_thread() -> None:
     with serve(engine) as s:
         c = s.client()
         for _ in range(3):
-            c.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}])
+            c.chat.completions.create(
+                model="fake-model", messages=[{"role": "user", "content": "x"}]
+            )
         c.completions.create(model="fake-model", prompt="abc")
     assert engine.threads == {"toolflash-engine"}
 
@@ -158,3 +176,48 @@ def test_load_failure_reported() -> None:
         assert "weights missing" in body["error"]
         r = httpx.get(f"{s.v1}/models")
         assert r.status_code == 503 and "failed" in r.json()["error"]["message"]
+
+
+class SwitchToAr:
+    """A scripted policy: spec for three cycles, then AR."""
+
+    def __init__(self) -> None:
+        self.finished: list[int] = []
+
+    def start(self, prompt_tokens: int, default_block_size: int) -> ModeDecision:
+        return ModeDecision("spec", default_block_size, "start speculative")
+
+    def after_step(self, record: CycleRecord, token_ids: Sequence[int], text: str) -> ModeDecision:
+        if record.index >= 2:
+            return ModeDecision("ar", 1, "low acceptance")
+        return ModeDecision("spec", record.block_size, "keep")
+
+    def finish(self, stats: GenerationStats) -> None:
+        self.finished.append(stats.completion_tokens)
+
+
+def test_policy_controller_decisions_are_reported() -> None:
+    policy = SwitchToAr()
+    classes: list[str] = []
+
+    def factory(engine: object, rc: RequestClass) -> SwitchToAr:
+        classes.append(rc.label)
+        return policy
+
+    engine = FakeEngine()
+    app_kw = {"controller_factory": factory}
+    with serve(engine, app_kwargs=app_kw) as s:
+        raw = s.client().chat.completions.with_raw_response.create(
+            model="fake-model", messages=[{"role": "user", "content": "SCRIPT:" + "x" * 40}]
+        )
+        r = raw.parse()
+        assert raw.headers["x-toolflash-mode"] == "spec+ar"
+        tf = r.model_extra["toolflash"]
+        assert tf["modes"] == ["spec", "ar"] and tf["mode"] == "spec+ar"
+        assert [(d["cycle"], d["mode"], d["reason"]) for d in tf["decisions"]] == [
+            (0, "spec", "start speculative"),
+            (3, "ar", "low acceptance"),
+        ]
+        assert tf["spec_cycles"] == 3 and policy.finished == [40]
+        assert classes == ["chat.think-default.user.lt1k"]
+        assert 'mode="spec+ar"' in httpx.get(f"{s.url}/metrics").text
