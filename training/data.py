@@ -2,7 +2,9 @@
 
 Inputs (a file, or a directory searched recursively for `*.jsonl`, `*.json` and `*.txt`):
 - chat requests, one JSON object per line: `{"messages": [...], "tools": [...]}` (optional
-  `chat_template_kwargs`, `kind`), rendered with the target tokenizer's chat template;
+  `chat_template_kwargs`, `enable_thinking`, `tool_call_format`, `kind`), rendered with the target tokenizer's chat
+  template; a conversation ending with an assistant message is the prompt before that message
+  plus that message as its recorded response;
 - plain text prompts: `{"prompt": "..."}` or `{"text": "..."}` lines, a JSON string per line, or
   a `.txt` file (the whole file is one prompt), tokenized as-is;
 - recorded gateway traffic: `{"request": {...chat request...}, "response": {...}}` where the
@@ -32,6 +34,8 @@ from .generation import generate
 log = structlog.get_logger(__name__)
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
+# Chat template options a record may carry at its top level (toolflash's zoo corpus does).
+TEMPLATE_KWARGS = ("enable_thinking", "tool_call_format")
 
 
 class DataError(ValueError):
@@ -134,8 +138,15 @@ def chat_record(
     messages = request.get("messages")
     if not isinstance(messages, list) or not messages:
         raise DataError("chat request without messages")
+    if response is None and messages[-1].get("role") == "assistant" and len(messages) > 1:
+        # A conversation that ends with the assistant's turn: the prompt is everything
+        # before it, the turn itself is the recorded response.
+        messages, response = messages[:-1], messages[-1]
     tools = request.get("tools") or None
     kwargs = dict(request.get("chat_template_kwargs") or {})
+    for key in TEMPLATE_KWARGS:
+        if key in request:
+            kwargs.setdefault(key, request[key])
     prompt_text = _render(tokenizer, messages, tools, True, kwargs)
     prompt = _encode(tokenizer, prompt_text)
     kind = kind or ("tool" if tools else "chat")
@@ -151,6 +162,10 @@ def chat_record(
         # Render the whole conversation and keep the suffix: the assistant turn exactly as the
         # template writes it (tool-call markup, end-of-turn token), i.e. what serving sees.
         reply = _encode(tokenizer, full_text[len(prompt_text) :])
+        # Serving stops at the end-of-turn token; what the template writes after it is
+        # never generated.
+        ends = [i for i, t in enumerate(reply) if t in stop_token_ids(tokenizer)]
+        reply = reply[: ends[0] + 1] if ends else reply
     else:
         # Templates that rewrite earlier turns (e.g. drop <think>) break the prefix property.
         reply = _encode(tokenizer, str(message.get("content") or ""))
@@ -183,9 +198,9 @@ def _record_from_json(obj: Any, tokenizer: Any, use_recorded: bool) -> PromptRec
     if not isinstance(obj, Mapping):
         raise DataError("expected a JSON object or string")
     kind = obj.get("kind")
-    if "request" in obj:
+    if isinstance(obj.get("request"), Mapping):
         return chat_record(tokenizer, obj["request"], obj.get("response"), use_recorded, kind)
-    if "messages" in obj:
+    if obj.get("messages"):
         return chat_record(tokenizer, obj, obj.get("response"), use_recorded, kind)
     for key in ("prompt", "text"):
         if isinstance(obj.get(key), str):

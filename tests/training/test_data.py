@@ -70,7 +70,18 @@ def test_recorded_traffic(tmp_path: Path) -> None:
     assert recorded.tokens == regen[0].tokens
     assert recorded.response is not None
     reply = tok.decode(list(recorded.response))
-    assert reply.startswith("ok<tool_call>") and reply.endswith("</tool_call><|im_end|>\n")
+    assert reply.startswith("ok<tool_call>") and reply.endswith("</tool_call><|im_end|>")
+
+
+def test_conversation_ending_with_the_assistant(tmp_path: Path) -> None:
+    tok = char_tokenizer()
+    turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a!"}]
+    path = _write(tmp_path / "c.jsonl", [{"messages": turns, "enable_thinking": False}])
+    regen = load_prompt_records(path, tok)[0]
+    assert tok.decode(list(regen.tokens)).endswith("q<|im_end|>\n<|im_start|>assistant\n")
+    recorded = load_prompt_records(path, tok, use_recorded=True)[0]
+    assert recorded.response is not None
+    assert tok.decode(list(recorded.response)) == "a!<|im_end|>"
 
 
 def test_use_recorded_without_a_response_fails(tmp_path: Path) -> None:
