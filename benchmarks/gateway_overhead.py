@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from toolflash.engine.api import Engine, FinishEvent, GenerationRequest, TokenEvent
+from toolflash.engine.api import Engine, FinishEvent, GenerationRequest, Mode, TokenEvent
 from toolflash.gateway.app import create_app
 from toolflash.gateway.config import GatewayConfig
 
@@ -53,11 +53,11 @@ def messages(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
 
-def direct_run(engine: Engine, prompt: str, max_tokens: int, mode: str) -> Run:
+def direct_run(engine: Engine, prompt: str, max_tokens: int, mode: Mode) -> Run:
     """One generation through the engine API (what the gateway does, minus HTTP)."""
     t0 = time.perf_counter()
     tokens = engine.encode_chat(messages(prompt), None, {"enable_thinking": False})
-    request = GenerationRequest(prompt_tokens=tuple(tokens), max_tokens=max_tokens, mode=mode)  # type: ignore[arg-type]
+    request = GenerationRequest(prompt_tokens=tuple(tokens), max_tokens=max_tokens, mode=mode)
     ttft = None
     n = 0
     for ev in engine.generate(request):

@@ -22,7 +22,7 @@ from toolflash.gateway.chat_output import (
     ToolCallDelta,
 )
 from toolflash.gateway.config import GatewayConfig
-from toolflash.gateway.errors import to_gateway_error
+from toolflash.gateway.errors import BadRequest, to_gateway_error
 from toolflash.gateway.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -130,7 +130,7 @@ def chat_preparer(
         tool_choice = "named"
 
     def prepare(engine: Engine) -> Prepared:
-        tokens = engine.encode_chat(messages, tools, template_kwargs)
+        tokens = render(engine, messages, tools, template_kwargs)
         max_tokens, clamped = token_budget(
             len(tokens), requested, engine.context_length, config.default_max_tokens
         )
@@ -163,6 +163,22 @@ def chat_preparer(
         )
 
     return prepare
+
+
+def render(
+    engine: Engine,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+) -> list[int]:
+    """Apply the chat template; a template that refuses the conversation (jinja's
+    `raise_exception`, e.g. a misplaced system message) is the client's error, not ours."""
+    try:
+        return engine.encode_chat(messages, tools, template_kwargs)
+    except Exception as exc:
+        if type(exc).__module__.startswith("jinja2"):
+            raise BadRequest(f"the chat template rejected the messages: {exc}") from None
+        raise
 
 
 def chat_finish_reason(engine_reason: str, output: ChatOutput) -> str:

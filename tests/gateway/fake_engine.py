@@ -203,4 +203,4 @@ class FakeEngine:
         )
         if controller is not None:
             controller.finish(stats)
-        yield FinishEvent(reason, stats)  # type: ignore[arg-type]
+        yield FinishEvent(reason, stats)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import httpx
 import openai
 import pytest
+import structlog.testing
 
 from tests.gateway.conftest import serve
 from tests.gateway.fake_engine import FakeEngine
@@ -221,3 +222,51 @@ def test_policy_controller_decisions_are_reported() -> None:
         assert tf["spec_cycles"] == 3 and policy.finished == [40]
         assert classes == ["chat.think-default.user.lt1k"]
         assert 'mode="spec+ar"' in httpx.get(f"{s.url}/metrics").text
+
+
+def test_one_log_line_per_request_without_prompt_text() -> None:
+    secret = "SCRIPT:do not log this prompt"
+    with serve(FakeEngine()) as s, structlog.testing.capture_logs() as logs:
+        c = s.client()
+        c.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": secret}]
+        )
+        list(
+            c.chat.completions.create(
+                model="fake-model", messages=[{"role": "user", "content": secret}], stream=True
+            )
+        )
+        httpx.post(f"{s.v1}/chat/completions", json={"messages": []})
+    lines = [e for e in logs if e["event"] == "request"]
+    assert len(lines) == 3
+    for e in lines[:2]:
+        for key in (
+            "id",
+            "request_class",
+            "mode",
+            "prompt_tokens",
+            "completion_tokens",
+            "ttft_s",
+            "e2e_s",
+            "outcome",
+        ):
+            assert key in e, key
+        assert e["outcome"] == "success"
+    assert lines[2]["status"] == 400
+    assert all("do not log" not in repr(e) for e in logs)
+
+
+def test_template_errors_are_client_errors() -> None:
+    import jinja2
+
+    class Strict(FakeEngine):
+        def encode_chat(self, messages, tools=None, template_kwargs=None):  # type: ignore[no-untyped-def]
+            if messages[0]["role"] != "system":
+                raise jinja2.exceptions.TemplateError("System message must be at the beginning.")
+            return super().encode_chat(messages, tools, template_kwargs)
+
+    with serve(Strict()) as s:
+        r = httpx.post(
+            f"{s.v1}/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
+        )
+        assert r.status_code == 400 and "System message" in r.json()["error"]["message"]
