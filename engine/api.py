@@ -51,6 +51,9 @@ class GenerationRequest:
     seed: int | None = None
     mode_plan: Mapping[int, Mode] = field(default_factory=dict)
     request_id: str = ""
+    # Prompt positions where the prefix cache should publish a snapshot (e.g. the end of
+    # system + tools + history, before the generation header).
+    publish_at: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -154,8 +157,9 @@ class ModeController(Protocol):
 
     def start(self, prompt_tokens: int, default_block_size: int) -> ModeDecision: ...
 
-    def after_step(self, record: CycleRecord, token_ids: Sequence[int], text: str) -> ModeDecision:
-        ...
+    def after_step(
+        self, record: CycleRecord, token_ids: Sequence[int], text: str
+    ) -> ModeDecision: ...
 
     def finish(self, stats: GenerationStats) -> None: ...
 
@@ -177,6 +181,17 @@ class Engine(Protocol):
     ) -> list[int]:
         """Render messages (and tools) with the model's chat template, with the generation
         prompt appended, and tokenize."""
+        ...
+
+    def stable_prefix(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any] | None,
+        prompt: Sequence[int],
+    ) -> int:
+        """Tokens of `prompt` before the generation header (0 if not a clean prefix): where
+        the prefix cache publishes so the next agent turn hits."""
         ...
 
     def encode(self, text: str) -> list[int]: ...

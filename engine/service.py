@@ -12,6 +12,9 @@ from typing import Any
 import mlx.core as mx
 import structlog
 
+from toolflash.cache.key import SnapshotKey, template_hash
+from toolflash.cache.prefix_cache import PrefixCache
+
 from .api import (
     ContextLengthError,
     CycleRecord,
@@ -58,6 +61,7 @@ class DFlashEngine:
         draft_id: str | None,
         context_length: int,
         options: EngineOptions | None = None,
+        prefix_cache: PrefixCache | None = None,
     ):
         self.target = target
         self.tokenizer = tokenizer
@@ -69,6 +73,16 @@ class DFlashEngine:
         template = getattr(tokenizer, "chat_template", None) or ""
         self.tool_call_format = "qwen3_coder" if "<function=" in template else "hermes"
         self.eos_ids = frozenset(int(t) for t in getattr(tokenizer, "eos_token_ids", ()) or ())
+        self.prefix_cache = prefix_cache
+        self.cache_key = SnapshotKey(
+            target_id=model_id,
+            draft_id=self.draft_id,
+            target_layer_ids=drafter.config.target_layer_ids if drafter is not None else (),
+            draft_sink=self.options.window.sink if drafter is not None else None,
+            draft_window=self.options.window.window if drafter is not None else None,
+            template_hash=template_hash(template),
+            dtype=str(target.embed(mx.array([[0]])).dtype),
+        )
 
     @property
     def default_block_size(self) -> int:
@@ -91,6 +105,27 @@ class DFlashEngine:
             **dict(template_kwargs or {}),
         )
         return self.encode(text)
+
+    def stable_prefix(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any] | None,
+        prompt: Sequence[int],
+    ) -> int:
+        """Length of the part of `prompt` that the next agent turn will resend unchanged: the
+        rendered messages without the generation header. 0 when that rendering is not a token
+        prefix of `prompt` (then nothing is published at the boundary)."""
+        text = self.tokenizer.apply_chat_template(
+            list(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=False,
+            tokenize=False,
+            **dict(template_kwargs or {}),
+        )
+        ids = self.encode(text)
+        n = len(ids)
+        return n if 0 < n < len(prompt) and list(prompt[:n]) == ids else 0
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -127,7 +162,17 @@ class DFlashEngine:
         cycles: list[CycleRecord] = []
 
         t0 = time.perf_counter()
-        first = session.prefill(prompt)
+        cache = self.prefix_cache
+        hit = cache.lookup(self.cache_key, prompt) if cache is not None else None
+        restored = len(hit.snapshot.tokens) if hit is not None else 0
+        first = session.prefill(
+            prompt,
+            restore=hit.snapshot.state if hit is not None else None,
+            publish_at=request.publish_at if cache is not None else (),
+            publish=(lambda state: cache.publish(self.cache_key, state)) if cache else None,
+        )
+        if cache is not None:
+            cache.record_prefill(restored, len(prompt) - restored)
         prefill_s = time.perf_counter() - t0
         t_decode = time.perf_counter()
         finished = matcher.check([first]) is not None
@@ -160,9 +205,11 @@ class DFlashEngine:
         tail = text.flush()
         if tail:
             yield TokenEvent((), tail)
+        if cache is not None and session.fed > 0:
+            cache.publish(self.cache_key, session.export_state())
         stats = GenerationStats(
             prompt_tokens=len(prompt),
-            cached_tokens=0,
+            cached_tokens=restored,
             completion_tokens=len(matcher.emitted),
             prefill_s=prefill_s,
             decode_s=decode_s,

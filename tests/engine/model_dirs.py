@@ -91,6 +91,59 @@ def write_qwen3_target(
     return config
 
 
+def write_qwen35_target(
+    out: Path, seed: int = 0, layers: int = 4, hidden: int = 64
+) -> dict[str, Any]:
+    """A random Qwen3.5 hybrid target directory (GatedDeltaNet + attention)."""
+    from mlx_lm.models import qwen3_5
+
+    vocab = write_tokenizer(out)
+    text = {
+        "model_type": "qwen3_5_text",
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": hidden // 4,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": vocab,
+        "max_position_embeddings": 2048,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 2,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    }
+    config = {
+        "model_type": "qwen3_5",
+        "text_config": text,
+        "eos_token_id": SPECIALS.index("<|im_end|>"),
+        # flat copies for drafter construction
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "vocab_size": vocab,
+    }
+    mx.random.seed(seed)
+    model = qwen3_5.Model(qwen3_5.ModelArgs(model_type="qwen3_5", text_config=text))
+    emb = model.language_model.model.embed_tokens
+    emb.weight = emb.weight * 4.0
+    mx.eval(model.parameters())
+    save_model(out, model)
+    save_config(
+        {
+            k: v
+            for k, v in config.items()
+            if k not in ("hidden_size", "num_hidden_layers", "vocab_size")
+        },
+        out / "config.json",
+    )
+    return config
+
+
 def write_draft(
     out: Path, target_config: dict[str, Any], seed: int = 1, block_size: int = 8
 ) -> Path:

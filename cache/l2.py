@@ -1,0 +1,259 @@
+"""L2: snapshots on disk (safetensors + JSON metadata with a checksum), true LRU under a byte
+budget, written by a background thread so no decode step ever waits on the disk.
+
+Files are `<id>.safetensors` and `<id>.json`, both written to temporary names and renamed
+(data first, metadata last: an entry exists only once both are complete), so several processes
+can share one directory. Anything that is not a complete, checksummed snapshot of this schema
+(corrupt, truncated, foreign, other schema) is skipped and removed, never raised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import structlog
+
+from .codec import SnapshotFormatError, decode, encode
+from .key import SCHEMA_VERSION, SnapshotKey
+from .snapshot import Snapshot, is_prefix
+
+log = structlog.get_logger(__name__)
+
+_STOP = object()
+
+
+@dataclass
+class _Entry:
+    ident: str
+    key_digest: str
+    tokens: tuple[int, ...]
+    nbytes: int
+    last_used: float
+
+
+def snapshot_id(key: SnapshotKey, tokens: tuple[int, ...]) -> str:
+    h = hashlib.sha256(key.digest.encode())
+    h.update(json.dumps(tokens).encode())
+    return h.hexdigest()[:40]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class DiskCache:
+    """The disk tier. `put` only enqueues; a writer thread does the I/O."""
+
+    def __init__(self, directory: str | Path, max_bytes: int = 8 << 30):
+        self.dir = Path(directory).expanduser()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.stats: dict[str, int] = {
+            "writes": 0,
+            "write_errors": 0,
+            "removed_bad": 0,
+            "evictions": 0,
+        }
+        self._index: dict[str, _Entry] = {}
+        self._lock = threading.Lock()
+        self._scanned_mtime = -1.0
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=64)
+        self._writer = threading.Thread(target=self._write_loop, name="toolflash-l2", daemon=True)
+        self._writer.start()
+        self._rescan()
+
+    # -- paths and index ---------------------------------------------------------------
+    def _data(self, ident: str) -> Path:
+        return self.dir / f"{ident}.safetensors"
+
+    def _meta(self, ident: str) -> Path:
+        return self.dir / f"{ident}.json"
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(e.nbytes for e in self._index.values())
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def _rescan(self) -> None:
+        """Rebuild the index from the directory when it changed (another process wrote)."""
+        try:
+            mtime = self.dir.stat().st_mtime
+        except OSError:
+            return
+        if mtime == self._scanned_mtime:
+            return
+        index: dict[str, _Entry] = {}
+        for meta_path in self.dir.glob("*.json"):
+            entry = self._read_entry(meta_path)
+            if entry is not None:
+                index[entry.ident] = entry
+        with self._lock:
+            self._index = index
+            self._scanned_mtime = mtime
+
+    def _read_entry(self, meta_path: Path) -> _Entry | None:
+        ident = meta_path.stem
+        try:
+            meta = json.loads(meta_path.read_text())
+            if meta.get("schema") != SCHEMA_VERSION:
+                raise SnapshotFormatError(f"schema {meta.get('schema')}")
+            key = SnapshotKey.from_json(meta["key"])
+            tokens = tuple(int(t) for t in meta["tokens"])
+            data = self._data(ident)
+            size = data.stat().st_size
+            if size != meta["file_bytes"] or snapshot_id(key, tokens) != ident:
+                raise SnapshotFormatError("size or identity mismatch")
+            return _Entry(ident, key.digest, tokens, size, meta_path.stat().st_mtime)
+        except FileNotFoundError:
+            return None  # a concurrent remove
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._remove(ident, f"unreadable metadata: {exc}")
+            return None
+
+    def _remove(self, ident: str, reason: str) -> None:
+        for path in (self._meta(ident), self._data(ident)):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("l2_remove_failed", path=str(path), error=str(exc))
+        with self._lock:
+            self._index.pop(ident, None)
+        self.stats["removed_bad"] += reason != "evicted"
+        log.info("l2_removed", id=ident, reason=reason)
+
+    # -- lookup ------------------------------------------------------------------------
+    def lookup(self, key: SnapshotKey, tokens: tuple[int, ...] | list[int]) -> Snapshot | None:
+        """The longest valid snapshot with this key that is a prefix of `tokens`."""
+        self._rescan()
+        with self._lock:
+            candidates = sorted(
+                (
+                    e
+                    for e in self._index.values()
+                    if e.key_digest == key.digest and is_prefix(e.tokens, tokens)
+                ),
+                key=lambda e: -len(e.tokens),
+            )
+        for entry in candidates:
+            snapshot = self._load(entry)
+            if snapshot is not None:
+                return snapshot
+        return None
+
+    def _load(self, entry: _Entry) -> Snapshot | None:
+        meta_path, data_path = self._meta(entry.ident), self._data(entry.ident)
+        try:
+            meta = json.loads(meta_path.read_text())
+            if _sha256(data_path) != meta["checksum"]:
+                raise SnapshotFormatError("checksum mismatch")
+            arrays = mx.load(str(data_path))
+            assert isinstance(arrays, dict)
+            snapshot = decode(arrays, meta)
+        except FileNotFoundError:
+            with self._lock:
+                self._index.pop(entry.ident, None)
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as exc:
+            self._remove(entry.ident, f"corrupt: {exc}")
+            return None
+        now = time.time()
+        try:
+            os.utime(meta_path, (now, now))  # LRU survives restarts and is shared by processes
+        except OSError:
+            pass
+        entry.last_used = now
+        return snapshot
+
+    # -- writes ------------------------------------------------------------------------
+    def put(self, snapshot: Snapshot) -> bool:
+        """Queue a snapshot for writing; False when the writer is saturated (dropped)."""
+        mx.eval(*snapshot.state.arrays())
+        try:
+            self._queue.put_nowait(snapshot)
+            return True
+        except queue.Full:
+            log.warning("l2_queue_full", tokens=len(snapshot.tokens))
+            return False
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every queued snapshot is written (tests, shutdown)."""
+        deadline = time.time() + timeout
+        while self._queue.unfinished_tasks and time.time() < deadline:
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        self.flush()
+        self._queue.put(_STOP)
+        self._writer.join(timeout=5)
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                self._write(item)
+            except Exception as exc:  # the writer must survive anything one snapshot does
+                self.stats["write_errors"] += 1
+                log.error("l2_write_failed", error=str(exc))
+            finally:
+                self._queue.task_done()
+
+    def _write(self, snapshot: Snapshot) -> None:
+        ident = snapshot_id(snapshot.key, snapshot.tokens)
+        if self._meta(ident).exists():
+            return
+        arrays, meta = encode(snapshot)
+        suffix = f".{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp_data = self.dir / f"{ident}{suffix}.safetensors"
+        tmp_meta = self.dir / f"{ident}{suffix}.json.part"
+        try:
+            mx.save_safetensors(str(tmp_data), arrays)
+            meta["checksum"] = _sha256(tmp_data)
+            meta["file_bytes"] = tmp_data.stat().st_size
+            tmp_meta.write_text(json.dumps(meta))
+            os.replace(tmp_data, self._data(ident))
+            os.replace(tmp_meta, self._meta(ident))
+        except OSError as exc:  # disk full, permissions: drop this snapshot, keep serving
+            for path in (tmp_data, tmp_meta):
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
+            self.stats["write_errors"] += 1
+            log.warning("l2_write_failed", error=str(exc), tokens=len(snapshot.tokens))
+            return
+        with self._lock:
+            self._index[ident] = _Entry(
+                ident, snapshot.key.digest, snapshot.tokens, int(meta["file_bytes"]), time.time()
+            )
+        self.stats["writes"] += 1
+        self._evict()
+
+    def _evict(self) -> None:
+        while True:
+            with self._lock:
+                total = sum(e.nbytes for e in self._index.values())
+                if total <= self.max_bytes or not self._index:
+                    return
+                victim = min(self._index.values(), key=lambda e: e.last_used)
+            self._remove(victim.ident, "evicted")
+            self.stats["evictions"] += 1

@@ -1,0 +1,101 @@
+"""The prefix cache the engine uses: L1 in memory, optional L2 on disk, one lookup and one
+publish, with counters for /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import structlog
+
+from toolflash.engine.state import SessionState
+
+from .key import SnapshotKey
+from .l1 import MemoryCache
+from .l2 import DiskCache
+from .snapshot import Snapshot
+
+log = structlog.get_logger(__name__)
+
+Tier = Literal["l1", "l2"]
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Budgets and placement (from the YAML config or the CLI)."""
+
+    enabled: bool = True
+    l1_entries: int = 32
+    l1_bytes: int = 2 << 30
+    l2_dir: str | None = None  # None: no disk tier
+    l2_bytes: int = 8 << 30
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    snapshot: Snapshot
+    tier: Tier
+
+
+class PrefixCache:
+    """Longest exact-prefix reuse of session states, keyed by `SnapshotKey`."""
+
+    def __init__(self, config: CacheConfig):
+        self.config = config
+        self.l1 = MemoryCache(config.l1_entries, config.l1_bytes)
+        self.l2 = DiskCache(Path(config.l2_dir), config.l2_bytes) if config.l2_dir else None
+        self.counters: dict[str, int] = {
+            "hits_l1": 0,
+            "hits_l2": 0,
+            "misses": 0,
+            "published": 0,
+            "restored_tokens": 0,
+            "computed_tokens": 0,
+        }
+
+    def lookup(self, key: SnapshotKey, tokens: Sequence[int]) -> CacheHit | None:
+        """Longest snapshot whose tokens are an exact prefix of `tokens`, from L1 then L2
+        (an L2 hit is promoted to L1). A snapshot covering all of `tokens` is fine: it
+        carries the logits at its last position."""
+        toks = tuple(tokens)
+        hit = self.l1.lookup(key, toks)
+        tier: Tier = "l1"
+        if self.l2 is not None:
+            deeper = self.l2.lookup(key, toks) if hit is None else None
+            if deeper is not None:
+                self.l1.put(deeper)
+                hit, tier = deeper, "l2"
+        if hit is None:
+            self.counters["misses"] += 1
+            return None
+        self.counters[f"hits_{tier}"] += 1
+        return CacheHit(hit, tier)
+
+    def publish(self, key: SnapshotKey, state: SessionState) -> None:
+        """Make `state` reusable (L1 now, L2 in the background)."""
+        snapshot = Snapshot(key=key, state=state)
+        self.l1.put(snapshot)
+        if self.l2 is not None:
+            self.l2.put(snapshot)
+        self.counters["published"] += 1
+
+    def record_prefill(self, restored: int, computed: int) -> None:
+        self.counters["restored_tokens"] += restored
+        self.counters["computed_tokens"] += computed
+
+    def stats(self) -> dict[str, int]:
+        """Counters and sizes, for /metrics and /v1/status."""
+        out = dict(self.counters)
+        out["l1_entries"] = len(self.l1)
+        out["l1_bytes"] = self.l1.nbytes
+        if self.l2 is not None:
+            out["l2_entries"] = len(self.l2)
+            out["l2_bytes"] = self.l2.nbytes
+            out.update({f"l2_{k}": v for k, v in self.l2.stats.items()})
+        return out
+
+    def close(self) -> None:
+        if self.l2 is not None:
+            self.l2.close()
