@@ -1,0 +1,289 @@
+"""Policy configuration: YAML files validated with pydantic, merged into one effective policy per model.
+
+`configs/default.yaml` (package data, `toolflash.configs`) always applies; every other file applies
+when one of its `models` glob patterns matches the served model id (or its last path component).
+Files are merged key by key in order: the default, the shipped per-model files (by name), then
+files given by the user; a later file overrides only the fields it sets. Per request class and
+span kind, `classes` maps a class-label glob (e.g. `tools.*`, `*.lt1k`) to span kinds (or `*`) and
+their settings; more specific class patterns override less specific ones.
+
+A bad file fails when it is loaded, with the file, the field and the reason (`PolicyFileError`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.resources
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ModeChoice = Literal["adaptive", "spec", "ar"]
+SpanKey = Literal["text", "reasoning", "tool_call", "json", "*"]
+DEFAULT_FILE = "default.yaml"
+
+
+class PolicyFileError(ValueError):
+    """A policy file that cannot be used: names the file, the field and the reason."""
+
+    def __init__(self, file: str, field: str, reason: str) -> None:
+        super().__init__(f"{file}: {field}: {reason}")
+        self.file = file
+        self.field = field
+        self.reason = reason
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SpanSettings(_Strict):
+    """Settings for a (class, span kind); unset fields inherit."""
+
+    mode: ModeChoice | None = None
+    block_sizes: list[int] | None = Field(default=None, min_length=1)
+    switch_margin: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_confidence: float | None = Field(default=None, gt=0.5, lt=1.0)
+    min_samples: float | None = Field(default=None, ge=0.0)
+
+    @field_validator("block_sizes")
+    @classmethod
+    def _blocks(cls, v: list[int] | None) -> list[int] | None:
+        if v is None:
+            return v
+        if any(b < 2 or b > 64 for b in v):
+            raise ValueError("block sizes must be between 2 and 64")
+        if len(set(v)) != len(v):
+            raise ValueError("block sizes must be distinct")
+        return sorted(v, reverse=True)
+
+
+class Defaults(SpanSettings):
+    """What every (class, span) gets unless `classes` says otherwise."""
+
+    mode: ModeChoice | None = "adaptive"
+    block_sizes: list[int] | None = Field(default_factory=lambda: [16, 8, 4], min_length=1)
+    switch_margin: float | None = Field(default=0.05, ge=0.0, le=1.0)
+    min_confidence: float | None = Field(default=0.8, gt=0.5, lt=1.0)
+    min_samples: float | None = Field(default=4.0, ge=0.0)
+
+
+class EstimateSettings(_Strict):
+    sample_half_life: float = Field(default=200.0, gt=0.0)
+    half_life_s: float = Field(default=21600.0, ge=0.0)
+    smallest_bucket: int = Field(default=256, ge=1)
+    timing: Literal["cycle", "wall"] = "cycle"
+
+    @field_validator("smallest_bucket")
+    @classmethod
+    def _pow2(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError("must be a power of two")
+        return v
+
+
+class ExploreSettings(_Strict):
+    probe_spec_cycles: int = Field(default=3, ge=1, le=64)
+    probe_ar_steps: int = Field(default=6, ge=1, le=256)
+    budget_per_request: int = Field(default=24, ge=0)
+    backoff_base_steps: int = Field(default=32, ge=1)
+    backoff_max_steps: int = Field(default=8192, ge=1)
+    explore_p: float = Field(default=0.1, gt=0.0, lt=0.5)
+
+
+class DecisionSettings(_Strict):
+    initial_mode: Literal["spec", "ar"] = "spec"
+    recheck_every: int = Field(default=8, ge=1)
+    min_dwell: int = Field(default=4, ge=0)
+    max_recorded: int = Field(default=64, ge=0)
+
+
+class PolicyFile(_Strict):
+    """One YAML file."""
+
+    models: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    state_dir: str | None = None
+    save_every_s: float = Field(default=30.0, ge=0.0)
+    estimates: EstimateSettings = EstimateSettings()
+    exploration: ExploreSettings = ExploreSettings()
+    decisions: DecisionSettings = DecisionSettings()
+    defaults: Defaults = Defaults()
+    classes: dict[str, dict[SpanKey, SpanSettings]] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SpanRule:
+    """The resolved settings for one (class label, span kind)."""
+
+    mode: ModeChoice
+    block_sizes: tuple[int, ...]
+    switch_margin: float
+    min_confidence: float
+    min_samples: float
+
+
+def _specificity(pattern: str) -> int:
+    return sum(1 for c in pattern if c not in "*?[]")
+
+
+class EffectivePolicy:
+    """The merged policy for one model, with per (class, span) resolution cached."""
+
+    def __init__(self, model_id: str, data: PolicyFile, sources: Sequence[str]) -> None:
+        self.model_id = model_id
+        self.data = data
+        self.sources = tuple(sources)
+        self._rules: dict[tuple[str, str], SpanRule] = {}
+        # Least specific first, so more specific patterns are applied last and win.
+        self._patterns = sorted(data.classes, key=_specificity)
+
+    @property
+    def estimates(self) -> EstimateSettings:
+        return self.data.estimates
+
+    @property
+    def exploration(self) -> ExploreSettings:
+        return self.data.exploration
+
+    @property
+    def decisions(self) -> DecisionSettings:
+        return self.data.decisions
+
+    def state_file(self) -> Path:
+        base = Path(self.data.state_dir or "~/.cache/toolflash").expanduser()
+        return base / "policy-state.json"
+
+    def rule(self, label: str, span: str) -> SpanRule:
+        key = (label, span)
+        rule = self._rules.get(key)
+        if rule is None:
+            rule = self._rules[key] = self._resolve(label, span)
+        return rule
+
+    def _resolve(self, label: str, span: str) -> SpanRule:
+        merged: dict[str, Any] = self.data.defaults.model_dump()
+        for pattern in self._patterns:
+            if not fnmatch.fnmatchcase(label, pattern):
+                continue
+            spans = self.data.classes[pattern]
+            for span_key in ("*", span):
+                settings = spans.get(span_key)  # type: ignore[call-overload]
+                if settings is not None:
+                    merged.update(settings.model_dump(exclude_none=True))
+        return SpanRule(
+            mode=merged["mode"],
+            block_sizes=tuple(merged["block_sizes"]),
+            switch_margin=float(merged["switch_margin"]),
+            min_confidence=float(merged["min_confidence"]),
+            min_samples=float(merged["min_samples"]),
+        )
+
+    def to_yaml(self) -> str:
+        doc = self.data.model_dump(mode="json", exclude_none=True)
+        doc["models"] = [self.model_id]
+        header = "".join(f"# from {s}\n" for s in self.sources)
+        return header + yaml.safe_dump(doc, sort_keys=False)
+
+
+# -- loading ------------------------------------------------------------------------------------
+def _error_field(loc: Iterable[Any]) -> str:
+    return ".".join(str(p) for p in loc) or "(document)"
+
+
+def parse_policy_text(text: str, source: str) -> tuple[PolicyFile, dict[str, Any]]:
+    """Validate one file's text; returns the model and the fields it set (for merging)."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "(yaml)"
+        raise PolicyFileError(
+            source, where, f"not valid YAML: {getattr(exc, 'problem', exc)}"
+        ) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise PolicyFileError(source, "(document)", "must be a mapping")
+    try:
+        parsed = PolicyFile.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise PolicyFileError(source, _error_field(err["loc"]), err["msg"]) from None
+    return parsed, parsed.model_dump(exclude_unset=True)
+
+
+def load_policy_file(path: str | Path) -> tuple[PolicyFile, dict[str, Any]]:
+    """Read and validate one policy file (PolicyFileError on any problem)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyFileError(str(p), "(file)", exc.strerror or str(exc)) from None
+    return parse_policy_text(text, str(p))
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def matches_model(patterns: Iterable[str], model_id: str) -> bool:
+    """Whether a model id (a hub id, a path, or a served name) matches one of the globs."""
+    name = model_id.rstrip("/").rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatchcase(model_id, p) or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+class PolicyConfig:
+    """All policy files of a server: the shipped ones plus `extra` user files, parsed once."""
+
+    def __init__(self, extra: Sequence[str | Path] = (), *, include_shipped: bool = True) -> None:
+        self.files: list[tuple[str, PolicyFile, dict[str, Any]]] = []
+        if include_shipped:
+            for name, text in shipped_files():
+                parsed, raw = parse_policy_text(text, f"toolflash.configs/{name}")
+                self.files.append((f"toolflash.configs/{name}", parsed, raw))
+        for path in extra:
+            parsed, raw = load_policy_file(path)
+            self.files.append((str(path), parsed, raw))
+        self._cache: dict[str, EffectivePolicy] = {}
+
+    def for_model(self, model_id: str) -> EffectivePolicy:
+        """The effective policy for a model id (cached)."""
+        policy = self._cache.get(model_id)
+        if policy is not None:
+            return policy
+        merged: dict[str, Any] = {}
+        sources: list[str] = []
+        for i, (source, parsed, raw) in enumerate(self.files):
+            is_default = i == 0 and source.endswith(DEFAULT_FILE)
+            if is_default or matches_model(parsed.models, model_id):
+                merged = _deep_merge(merged, {k: v for k, v in raw.items() if k != "models"})
+                sources.append(source)
+        try:
+            data = PolicyFile.model_validate(merged)
+        except ValidationError as exc:  # each file was valid alone; the merge can still clash
+            err = exc.errors()[0]
+            raise PolicyFileError(
+                " + ".join(sources), _error_field(err["loc"]), err["msg"]
+            ) from None
+        policy = self._cache[model_id] = EffectivePolicy(model_id, data, sources)
+        return policy
+
+
+def shipped_files() -> list[tuple[str, str]]:
+    """(name, text) of the YAML files in `toolflash.configs`: default.yaml first, then by name."""
+    root = importlib.resources.files("toolflash.configs")
+    names = sorted(
+        (e.name for e in root.iterdir() if e.name.endswith((".yaml", ".yml"))),
+        key=lambda n: (n != DEFAULT_FILE, n),
+    )
+    return [(n, root.joinpath(n).read_text(encoding="utf-8")) for n in names]

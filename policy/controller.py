@@ -1,0 +1,479 @@
+"""The adaptive decoding policy: one process-wide `AdaptivePolicy`, one `PolicyController` per request.
+
+The engine calls the controller between cycles (`engine.api.ModeController`). Each step feeds the
+estimates (spec cycle: tokens per cycle and seconds per cycle; AR step: seconds per token), moves
+the span tracker over the committed text, and decides the next mode and block size:
+- at request start, and whenever the span kind changes, the best-known arm for the new span
+  (AR, or spec at one of the configured block sizes) is chosen; entering a tool call thus goes to
+  AR when the tool-call surplus is negative, and leaving it returns to spec when text pays;
+- inside a span the choice is rechecked every `recheck_every` steps;
+- hysteresis: leaving the current arm needs the other to be faster by `switch_margin` with
+  confidence `min_confidence`, and (inside a span) `min_dwell` steps in the current arm;
+- where an estimate is uncertain, a short probe of the other arm (see `explore.py`).
+Every decision is logged, counted (`AdaptivePolicy.counters()`) and listed (`decisions`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from toolflash.engine.api import CycleRecord, GenerationStats, ModeDecision
+from toolflash.policy.request_class import RequestClass
+
+from .config import EffectivePolicy, PolicyConfig, SpanRule
+from .estimates import UNKNOWN, Clock, Estimates, Throughput
+from .explore import Arm, Backoff, Probe, arm_name, p_better, probe_reason
+from .spans import SpanTracker
+from .store import PolicyStore
+
+log = structlog.get_logger(__name__)
+
+AR: Arm = ("ar", 1)
+
+
+@dataclass
+class _ModelState:
+    """Everything the policy keeps for one served model."""
+
+    policy: EffectivePolicy
+    estimates: Estimates
+    backoff: Backoff
+    store: PolicyStore | None
+    last_save: float = 0.0
+    dirty: bool = False
+
+
+class AdaptivePolicy:
+    """Process-wide: configuration, learned estimates, probe backoff and counters. Build once per
+    server; `controller_for` makes the per-request controller the engine drives."""
+
+    def __init__(
+        self,
+        config: PolicyConfig | None = None,
+        *,
+        clock: Clock = time.time,
+        persist: bool = True,
+        state_file: str | None = None,
+    ) -> None:
+        self.config = config or PolicyConfig()
+        self.clock = clock
+        self.persist = persist
+        self.state_file = state_file
+        self._models: dict[str, _ModelState] = {}
+        self._lock = threading.Lock()
+        self._counts: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
+
+    def model(self, model_id: str) -> _ModelState:
+        """The state for a model, created (and loaded from the state file) on first use."""
+        state = self._models.get(model_id)
+        if state is not None:
+            return state
+        policy = self.config.for_model(model_id)
+        est = policy.estimates
+        estimates = Estimates(
+            sample_half_life=est.sample_half_life,
+            half_life_s=est.half_life_s,
+            smallest_bucket=est.smallest_bucket,
+            clock=self.clock,
+        )
+        store = None
+        if self.persist:
+            store = PolicyStore(self.state_file or policy.state_file())
+            store.load(model_id, estimates)
+        ex = policy.exploration
+        state = _ModelState(
+            policy, estimates, Backoff(ex.backoff_base_steps, ex.backoff_max_steps), store
+        )
+        state.last_save = self.clock()
+        self._models[model_id] = state
+        return state
+
+    def controller_for(
+        self,
+        model_id: str,
+        request_class: RequestClass,
+        response_format_json: bool,
+        *,
+        start_in_reasoning: bool = False,
+    ) -> PolicyController:
+        """A fresh controller for one request of `model_id`."""
+        return PolicyController(
+            self,
+            self.model(model_id),
+            model_id,
+            request_class,
+            json_output=response_format_json,
+            start_in_reasoning=start_in_reasoning,
+        )
+
+    # -- counters -----------------------------------------------------------------------------
+    def count(self, name: str, value: int = 1, **labels: str) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        with self._lock:
+            self._counts[key] += value
+
+    def counters(self) -> dict[str, list[dict[str, Any]]]:
+        """Snapshot: counter name -> rows of {"labels": {...}, "value": n} (Prometheus-ready).
+        Names: `decisions` (model, class, span, mode, kind), `steps` and `tokens` (model, class,
+        span, mode), `probes` (model, class, span, arm, outcome), `requests` (model, class)."""
+        with self._lock:
+            items = list(self._counts.items())
+        out: dict[str, list[dict[str, Any]]] = {}
+        for (name, labels), value in sorted(items):
+            out.setdefault(name, []).append({"labels": dict(labels), "value": value})
+        return out
+
+    # -- persistence --------------------------------------------------------------------------
+    def save(self, force: bool = True) -> None:
+        """Write learned estimates of every model (throttled unless `force`)."""
+        now = self.clock()
+        for model_id, state in list(self._models.items()):
+            if state.store is None or not state.dirty:
+                continue
+            if not force and now - state.last_save < state.policy.data.save_every_s:
+                continue
+            if state.store.save(model_id, state.estimates):
+                state.dirty = False
+            state.last_save = now
+
+
+class PolicyController:
+    """Per-request `ModeController`: tracks the span kind, feeds the estimates, decides."""
+
+    def __init__(
+        self,
+        owner: AdaptivePolicy,
+        state: _ModelState,
+        model_id: str,
+        request_class: RequestClass,
+        *,
+        json_output: bool,
+        start_in_reasoning: bool,
+    ) -> None:
+        self.owner = owner
+        self.state = state
+        self.policy = state.policy
+        self.est = state.estimates
+        self.model_id = model_id
+        self.request_class = request_class
+        self.label = request_class.label
+        self.spans = SpanTracker(json_output=json_output, start_in_reasoning=start_in_reasoning)
+        dec = self.policy.decisions
+        self.recheck_every = dec.recheck_every
+        self.min_dwell = dec.min_dwell
+        self.max_recorded = dec.max_recorded
+        ex = self.policy.exploration
+        self.explore = ex
+        self.budget = ex.budget_per_request
+        self.timing_wall = self.policy.estimates.timing == "wall"
+        self.decisions: list[dict[str, Any]] = []
+        self.dropped = 0
+        self.arm: Arm = AR
+        self.max_block = 16
+        self.context = 0
+        self.steps = 0
+        self.tokens = 0
+        self.dwell = 0
+        self.switches = 0
+        self.probes = 0
+        self.probe_steps = 0
+        self.probe: Probe | None = None
+        self.reason = ""
+        self._t_last = 0.0
+
+    # -- ModeController -----------------------------------------------------------------------
+    def observe_prefix(self, text: str) -> None:
+        """Text committed before `start` (the token the prefill chose), for span tracking."""
+        self.spans.push(text)
+
+    def start(self, prompt_tokens: int, default_block_size: int) -> ModeDecision:
+        self.max_block = max(default_block_size, 2)
+        self.context = prompt_tokens
+        span = self.spans.kind
+        rule = self.policy.rule(self.label, span)
+        arm, reason, kind = self._choose(rule, span, None)
+        self.owner.count("requests", model=self.model_id, **{"class": self.label})
+        self._t_last = time.perf_counter()
+        return self._set(arm, kind, reason, span)
+
+    def after_step(self, record: CycleRecord, token_ids: Sequence[int], text: str) -> ModeDecision:
+        now = time.perf_counter()
+        seconds = now - self._t_last if self.timing_wall else record.total_s
+        self._t_last = now
+        span = self.spans.kind
+        self._observe(record, span, seconds)
+        new_span = self.spans.push(text) if text else span
+        self.steps += 1
+        self.dwell += 1
+        self.tokens += record.committed
+        self.context = record.context_len
+
+        if self.probe is not None:
+            self.probe.remaining -= 1
+            self.probe_steps += 1
+            self.budget -= 1
+            if self.probe.remaining <= 0 or new_span != span:
+                self._end_probe(span)
+        if new_span != span:
+            rule = self.policy.rule(self.label, new_span)
+            arm, reason, kind = self._choose(rule, new_span, self.arm)
+            return self._set(arm, kind, reason, new_span)
+        if self.probe is None:
+            rule = self.policy.rule(self.label, span)
+            if self.dwell >= self.min_dwell and self.steps % self.recheck_every == 0:
+                arm, reason, kind = self._choose(rule, span, self.arm)
+                if arm != self.arm:
+                    return self._set(arm, "recheck", reason, span)
+            if self.budget > 0 and rule.mode != "ar":
+                self._maybe_probe(rule, span)
+        return self._decision()
+
+    def finish(self, stats: GenerationStats) -> None:
+        self.state.dirty = True
+        self.owner.save(force=False)
+        log.debug(
+            "policy.request",
+            model=self.model_id,
+            request_class=self.label,
+            switches=self.switches,
+            probes=self.probes,
+            probe_steps=self.probe_steps,
+            tokens=stats.completion_tokens,
+            decode_s=round(stats.decode_s, 4),
+        )
+
+    # -- what the response carries --------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """JSON-able account for the response's `toolflash` object."""
+        return {
+            "policy": "adaptive",
+            "class": self.label,
+            "span": self.spans.kind,
+            "switches": self.switches,
+            "probes": self.probes,
+            "probe_steps": self.probe_steps,
+            "decisions": list(self.decisions),
+            "decisions_dropped": self.dropped,
+        }
+
+    # -- internals ------------------------------------------------------------------------------
+    def _observe(self, record: CycleRecord, span: str, seconds: float) -> None:
+        mode = record.mode
+        # A cycle cut short by max_tokens ran a smaller block than decided: not comparable.
+        full = mode == "ar" or record.block_size == self.arm[1]
+        if seconds > 0 and full:
+            if mode == "spec" and record.drafted > 0:
+                rule = self.policy.rule(self.label, span)
+                self.est.observe_spec(
+                    self.model_id,
+                    self.label,
+                    span,
+                    record.block_size,
+                    record.accepted,
+                    seconds,
+                    record.context_len,
+                    rule.block_sizes,
+                )
+            elif mode == "ar":
+                self.est.observe_ar(self.model_id, seconds, record.context_len)
+        self.state.backoff.tick((self.model_id, self.label, span))
+        labels = {"model": self.model_id, "class": self.label, "span": span, "mode": mode}
+        self.owner.count("steps", **labels)
+        self.owner.count("tokens", record.committed, **labels)
+
+    def _arms(self, rule: SpanRule) -> list[Arm]:
+        blocks = [b for b in rule.block_sizes if b <= self.max_block] or [self.max_block]
+        arms: list[Arm] = [("spec", b) for b in blocks] if rule.mode != "ar" else []
+        if rule.mode != "spec":
+            arms.append(AR)
+        return arms
+
+    def _throughput(self, arm: Arm, span: str) -> Throughput:
+        if arm[0] == "ar":
+            return self.est.ar(self.model_id, self.context)
+        tps, _ = self.est.spec(self.model_id, self.label, span, arm[1], self.context)
+        return tps
+
+    def _choose(self, rule: SpanRule, span: str, current: Arm | None) -> tuple[Arm, str, str]:
+        """(arm, reason, kind): the arm for `span`, keeping `current` unless another arm is
+        faster by the margin with enough confidence."""
+        arms = self._arms(rule)
+        if len(arms) == 1:
+            return arms[0], f"{span}: policy mode {rule.mode}", "forced"
+        kind = "start" if current is None else "span"
+        est = {a: self._throughput(a, span) for a in arms}
+        known = [a for a in arms if est[a].known]
+        if current not in arms:
+            if not any(a[0] == "spec" for a in known):
+                # Nothing measured for spec here: start optimistic (or as configured); the
+                # first cycles measure it, and a probe covers the other side.
+                initial = self.policy.decisions.initial_mode
+                arm = AR if (initial == "ar" or not arms[0][0] == "spec") else arms[0]
+                if arm not in arms:
+                    arm = arms[0]
+                return arm, f"{span}: spec not measured yet, initial {arm_name(arm)}", kind
+            current = max(known, key=lambda a: est[a].tps)
+            return current, f"{span}: fastest known {self._fmt(current, est)}", kind
+        assert current is not None
+        cur = est[current]
+        if not cur.known:
+            return current, f"{span}: keep {arm_name(current)} (not measured here yet)", kind
+        best, best_p = current, 0.0
+        for a in known:
+            if a == current:
+                continue
+            p = p_better(est[a], cur)
+            if (
+                est[a].tps > cur.tps * (1.0 + rule.switch_margin)
+                and p >= rule.min_confidence
+                and est[a].tps > est[best].tps
+            ):
+                best, best_p = a, p
+        if best == current:
+            return current, f"{span}: keep {self._fmt(current, est)}", kind
+        return (
+            best,
+            f"{span}: {self._fmt(best, est)} beats {self._fmt(current, est)} (p={best_p:.2f})",
+            kind,
+        )
+
+    @staticmethod
+    def _fmt(arm: Arm, est: dict[Arm, Throughput]) -> str:
+        t = est.get(arm, UNKNOWN)
+        if not t.known:
+            return f"{arm_name(arm)} ?"
+        return f"{arm_name(arm)} {t.tps:.0f}±{t.std:.0f} tok/s"
+
+    def _maybe_probe(self, rule: SpanRule, span: str) -> None:
+        if self.dwell < self.min_dwell:
+            return
+        scope = (self.model_id, self.label, span)
+        cur = self._throughput(self.arm, span)
+        best: tuple[int, float, Arm, str] | None = None
+        for arm in self._arms(rule):
+            if arm == self.arm or not self.state.backoff.allowed(scope, arm):
+                continue
+            alt = self._throughput(arm, span)
+            why = probe_reason(
+                alt,
+                cur,
+                min_samples=rule.min_samples,
+                explore_p=self.explore.explore_p,
+                min_confidence=rule.min_confidence,
+            )
+            if why is None:
+                continue
+            rank = (0 if why == "few-samples" else 1, -p_better(alt, cur), arm, why)
+            if best is None or rank < best:
+                best = rank
+        if best is None:
+            return
+        arm, why = best[2], best[3]
+        length = self.explore.probe_ar_steps if arm == AR else self.explore.probe_spec_cycles
+        length = min(length, self.budget)
+        self.probe = Probe(arm=arm, base=self.arm, remaining=length, reason=why)
+        self.probes += 1
+        self._set(arm, "probe", f"{span}: probe {arm_name(arm)} for {length} steps ({why})", span)
+
+    def _end_probe(self, span: str) -> None:
+        probe = self.probe
+        assert probe is not None
+        self.probe = None
+        scope = (self.model_id, self.label, span)
+        rule = self.policy.rule(self.label, span)
+        alt = self._throughput(probe.arm, span)
+        base = self._throughput(probe.base, span)
+        p = p_better(alt, base)
+        won = (
+            alt.known
+            and base.known
+            and alt.tps > base.tps * (1.0 + rule.switch_margin)
+            and p >= rule.min_confidence
+        )
+        outcome = "won" if won else "lost"
+        self.owner.count(
+            "probes",
+            model=self.model_id,
+            outcome=outcome,
+            arm=arm_name(probe.arm),
+            span=span,
+            **{"class": self.label},
+        )
+        est = {probe.arm: alt, probe.base: base}
+        if won:
+            self.state.backoff.won(scope, probe.arm)
+            reason = (
+                f"{span}: probe won, {self._fmt(probe.arm, est)} vs {self._fmt(probe.base, est)}"
+            )
+            self._set(probe.arm, "probe-won", reason, span)
+        else:
+            wait = self.state.backoff.lost(scope, probe.arm)
+            reason = (
+                f"{span}: probe lost, {self._fmt(probe.arm, est)} vs {self._fmt(probe.base, est)}"
+                f" (p={p:.2f}); next probe in {wait} steps"
+            )
+            self._set(probe.base, "probe-lost", reason, span)
+
+    def _set(self, arm: Arm, kind: str, reason: str, span: str) -> ModeDecision:
+        changed = arm != self.arm
+        if changed and kind not in ("start", "probe", "probe-lost"):
+            self.switches += 1
+        if changed or kind in ("start", "probe", "probe-won", "probe-lost"):
+            self.dwell = 0
+            surplus = self.est.surplus(
+                self.model_id,
+                self.label,
+                span,
+                arm[1] if arm[0] == "spec" else self._best_block(span),
+                self.context,
+            )
+            entry: dict[str, Any] = {
+                "step": self.steps,
+                "tokens": self.tokens,
+                "span": span,
+                "mode": arm[0],
+                "block_size": arm[1] if arm[0] == "spec" else None,
+                "kind": kind,
+                "reason": reason,
+                **surplus.as_dict(),
+            }
+            if len(self.decisions) < self.max_recorded:
+                self.decisions.append(entry)
+            else:
+                self.dropped += 1
+            self.owner.count(
+                "decisions",
+                model=self.model_id,
+                span=span,
+                mode=arm[0],
+                kind=kind,
+                **{"class": self.label},
+            )
+            log.info(
+                "policy.decision",
+                model=self.model_id,
+                request_class=self.label,
+                **{k: v for k, v in entry.items() if k not in ("block_size", "mode")},
+                mode=arm_name(arm),
+            )
+        self.arm = arm
+        self.reason = reason
+        return self._decision()
+
+    def _best_block(self, span: str) -> int:
+        rule = self.policy.rule(self.label, span)
+        arms = [a for a in self._arms(rule) if a[0] == "spec"]
+        if not arms:
+            return max(b for b in rule.block_sizes)
+        return max(arms, key=lambda a: self._throughput(a, span).tps)[1]
+
+    def _decision(self) -> ModeDecision:
+        mode, block = self.arm
+        return ModeDecision(mode, block if mode == "spec" else self.max_block, self.reason)

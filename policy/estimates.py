@@ -1,0 +1,310 @@
+"""Online throughput estimates and the speculative surplus, per model, request class and span kind.
+
+Speculative throughput is tokens per cycle over seconds per cycle, and the two factors depend on
+different things, so they are learned separately and combined at the context length at hand:
+- tokens per cycle (tau) depends on what is generated: keyed by (model, class, span, block size);
+- seconds per spec cycle depends on shapes only: keyed by (model, block size, context bucket);
+- seconds per AR step likewise: keyed by (model, context bucket).
+Timings are therefore learned from every request of a model, and only tau needs per-class data.
+A spec cycle at block B that accepted `a` draft tokens also says what a smaller block b would have
+committed (`min(a, b - 1) + 1`), so smaller block sizes learn tau from the same measurements.
+
+Every estimate is an exponentially decayed mean with variance: each new sample multiplies the old
+weight by `sample_decay`, and weight also halves every `half_life_s` seconds of the injected clock,
+so estimates follow the workload and stale ones become uncertain (and get re-probed).
+Surplus = spec tok/s - AR tok/s, with a standard error from both; `p_positive` is the confidence
+that spec is faster. All of it is plain Python floats: called between cycles, microseconds each.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+Clock = Callable[[], float]
+
+# Relative noise floors: a handful of identical samples must not look certain.
+_TIME_REL_FLOOR = 0.05
+_TAU_ABS_FLOOR = 0.5
+
+
+def context_bucket(context_len: int, smallest: int = 256) -> int:
+    """The power of two at or above `context_len` (at least `smallest`): comparable contexts."""
+    n = max(int(context_len), 1)
+    return max(smallest, 1 << (n - 1).bit_length())
+
+
+def normal_cdf(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+class Stat:
+    """Exponentially decayed mean and variance of one quantity."""
+
+    __slots__ = ("weight", "s1", "s2", "count", "updated")
+
+    def __init__(
+        self,
+        weight: float = 0.0,
+        s1: float = 0.0,
+        s2: float = 0.0,
+        count: int = 0,
+        updated: float = 0.0,
+    ) -> None:
+        self.weight = weight
+        self.s1 = s1
+        self.s2 = s2
+        self.count = count  # raw samples ever seen (not decayed)
+        self.updated = updated
+
+    def add(self, x: float, now: float, sample_decay: float, half_life_s: float) -> None:
+        d = sample_decay * _time_decay(now - self.updated, half_life_s) if self.count else 0.0
+        self.weight = self.weight * d + 1.0
+        self.s1 = self.s1 * d + x
+        self.s2 = self.s2 * d + x * x
+        self.count += 1
+        self.updated = now
+
+    def effective(self, now: float, half_life_s: float) -> float:
+        """Decayed weight as of `now` (the effective number of samples)."""
+        return self.weight * _time_decay(now - self.updated, half_life_s)
+
+    @property
+    def mean(self) -> float:
+        return self.s1 / self.weight if self.weight > 0 else 0.0
+
+    @property
+    def var(self) -> float:
+        if self.weight <= 0:
+            return 0.0
+        m = self.s1 / self.weight
+        return max(self.s2 / self.weight - m * m, 0.0)
+
+    def to_list(self) -> list[float]:
+        return [self.weight, self.s1, self.s2, float(self.count), self.updated]
+
+    @classmethod
+    def from_list(cls, values: Iterable[float]) -> Stat:
+        w, s1, s2, n, t = (float(v) for v in values)
+        if not (w >= 0 and n >= 0 and all(math.isfinite(v) for v in (w, s1, s2, n, t))):
+            raise ValueError("bad stat")
+        return cls(w, s1, s2, int(n), t)
+
+
+def _time_decay(age_s: float, half_life_s: float) -> float:
+    if half_life_s <= 0 or age_s <= 0:
+        return 1.0
+    return 0.5 ** (age_s / half_life_s)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """An estimated throughput (tokens/s) with its standard error and effective samples."""
+
+    tps: float
+    std: float
+    samples: float
+
+    @property
+    def known(self) -> bool:
+        return self.samples > 0
+
+
+UNKNOWN = Throughput(0.0, math.inf, 0.0)
+
+
+@dataclass(frozen=True)
+class Surplus:
+    """Spec minus AR throughput at one context length, for one (model, class, span, block)."""
+
+    spec: Throughput
+    ar: Throughput
+    tau: float
+    block_size: int
+
+    @property
+    def value(self) -> float:
+        return self.spec.tps - self.ar.tps
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.spec.std**2 + self.ar.std**2)
+
+    @property
+    def p_positive(self) -> float:
+        """Confidence that speculative decoding is faster here (0.5 when unknown)."""
+        if not (self.spec.known and self.ar.known):
+            return 0.5
+        if self.std <= 0:
+            return 1.0 if self.value > 0 else 0.0
+        return normal_cdf(self.value / self.std)
+
+    @property
+    def samples(self) -> float:
+        return min(self.spec.samples, self.ar.samples)
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "spec_tps": round(self.spec.tps, 2),
+            "ar_tps": round(self.ar.tps, 2),
+            "surplus": round(self.value, 2),
+            "surplus_std": round(self.std, 2) if math.isfinite(self.std) else -1.0,
+            "p_spec_faster": round(self.p_positive, 3),
+            "tau": round(self.tau, 2),
+            "block_size": self.block_size,
+            "samples": round(self.samples, 1),
+        }
+
+
+TauKey = tuple[str, str, str, int]  # model, class label, span kind, block size
+CycleKey = tuple[str, int, int]  # model, block size, context bucket
+ArKey = tuple[str, int]  # model, context bucket
+
+
+class Estimates:
+    """All learned estimates of one process (every model it serves)."""
+
+    def __init__(
+        self,
+        *,
+        sample_half_life: float = 200.0,
+        half_life_s: float = 6 * 3600.0,
+        smallest_bucket: int = 256,
+        clock: Clock = time.time,
+    ) -> None:
+        self.sample_decay = 0.5 ** (1.0 / sample_half_life) if sample_half_life > 0 else 1.0
+        self.half_life_s = half_life_s
+        self.smallest_bucket = smallest_bucket
+        self.clock = clock
+        self.tau: dict[TauKey, Stat] = {}
+        self.cycle_s: dict[CycleKey, Stat] = {}
+        self.ar_s: dict[ArKey, Stat] = {}
+
+    def bucket(self, context_len: int) -> int:
+        return context_bucket(context_len, self.smallest_bucket)
+
+    # -- observations -----------------------------------------------------------------------
+    def observe_spec(
+        self,
+        model: str,
+        label: str,
+        span: str,
+        block_size: int,
+        accepted: int,
+        seconds: float,
+        context_len: int,
+        block_sizes: Iterable[int] = (),
+    ) -> None:
+        """One speculative cycle at `block_size` that accepted `accepted` draft tokens in
+        `seconds`. `block_sizes` lists smaller candidate blocks to credit counterfactually."""
+        now = self.clock()
+        self._add(self.cycle_s, (model, block_size, self.bucket(context_len)), seconds, now)
+        for b in {block_size, *block_sizes}:
+            if 1 < b <= block_size:
+                self._add(self.tau, (model, label, span, b), min(accepted, b - 1) + 1.0, now)
+
+    def observe_ar(self, model: str, seconds: float, context_len: int) -> None:
+        """One target-only step that took `seconds`."""
+        self._add(self.ar_s, (model, self.bucket(context_len)), seconds, self.clock())
+
+    def _add(self, table: dict, key: tuple, x: float, now: float) -> None:
+        stat = table.get(key)
+        if stat is None:
+            stat = table[key] = Stat()
+        stat.add(x, now, self.sample_decay, self.half_life_s)
+
+    # -- reads --------------------------------------------------------------------------------
+    def ar(self, model: str, context_len: int) -> Throughput:
+        """AR tokens/s at this context length."""
+        stat = self._near(self.ar_s, model, (), self.bucket(context_len))
+        if stat is None:
+            return UNKNOWN
+        return self._rate(1.0, 0.0, stat, self.clock())
+
+    def spec(
+        self, model: str, label: str, span: str, block_size: int, context_len: int
+    ) -> tuple[Throughput, float]:
+        """Spec tokens/s and tau for this class, span and block at this context length."""
+        now = self.clock()
+        tau = self.tau.get((model, label, span, block_size))
+        cyc = self._near(self.cycle_s, model, (block_size,), self.bucket(context_len))
+        if tau is None or cyc is None or tau.weight <= 0:
+            return UNKNOWN, tau.mean if tau is not None else 0.0
+        n_tau = tau.effective(now, self.half_life_s)
+        tau_se = math.sqrt(max(tau.var, _TAU_ABS_FLOOR**2) / max(n_tau, 1e-9))
+        return self._rate(tau.mean, tau_se, cyc, now, n_tau), tau.mean
+
+    def surplus(
+        self, model: str, label: str, span: str, block_size: int, context_len: int
+    ) -> Surplus:
+        spec, tau = self.spec(model, label, span, block_size, context_len)
+        return Surplus(spec, self.ar(model, context_len), tau, block_size)
+
+    def _rate(
+        self, tokens: float, tokens_se: float, stat: Stat, now: float, n_tokens: float = math.inf
+    ) -> Throughput:
+        n = stat.effective(now, self.half_life_s)
+        mean_s = stat.mean
+        if mean_s <= 0 or n <= 0:
+            return UNKNOWN
+        s_se = math.sqrt(max(stat.var, (_TIME_REL_FLOOR * mean_s) ** 2) / max(n, 1e-9))
+        tps = tokens / mean_s
+        # Delta method for a ratio of independent estimates.
+        rel = (tokens_se / tokens) ** 2 if tokens > 0 else 0.0
+        std = tps * math.sqrt(rel + (s_se / mean_s) ** 2)
+        return Throughput(tps, std, min(n, n_tokens))
+
+    def _near(self, table: dict, model: str, mid: tuple, bucket: int) -> Stat | None:
+        """The stat at this bucket, else the nearest bucket that has one (a cold bucket borrows
+        its neighbour's timing rather than knowing nothing)."""
+        stat = table.get((model, *mid, bucket))
+        if stat is not None:
+            return stat
+        best: Stat | None = None
+        best_d = math.inf
+        for key, value in table.items():
+            if key[0] == model and tuple(key[1:-1]) == mid:
+                d = abs(math.log2(key[-1]) - math.log2(bucket))
+                if d < best_d:
+                    best, best_d = value, d
+        return best
+
+    # -- persistence --------------------------------------------------------------------------
+    def to_json(self) -> dict[str, list[list]]:
+        return {
+            "tau": [[*k, *v.to_list()] for k, v in self.tau.items()],
+            "cycle_s": [[*k, *v.to_list()] for k, v in self.cycle_s.items()],
+            "ar_s": [[*k, *v.to_list()] for k, v in self.ar_s.items()],
+        }
+
+    def load_json(self, data: dict) -> int:
+        """Merge persisted estimates (replacing same keys); returns how many were loaded.
+        Raises ValueError on a malformed document."""
+        parsed: dict[str, dict] = {}
+        for name, kinds in (
+            ("tau", (str, str, str, int)),
+            ("cycle_s", (str, int, int)),
+            ("ar_s", (str, int)),
+        ):
+            rows = data.get(name, [])
+            if not isinstance(rows, list):
+                raise ValueError(f"{name}: not a list")
+            width = len(kinds)
+            table: dict = parsed.setdefault(name, {})
+            for row in rows:
+                if not isinstance(row, list) or len(row) != width + 5:
+                    raise ValueError(f"{name}: bad row {row!r}")
+                key = tuple(row[:width])
+                if not all(type(v) is kind for kind, v in zip(kinds, key)):
+                    raise ValueError(f"{name}: bad key {key!r}")
+                table[key] = Stat.from_list(row[width:])
+        # Only a wholly valid document is merged.
+        for name, table in parsed.items():
+            getattr(self, name).update(table)
+        return sum(len(t) for t in parsed.values())
+
+    def models(self) -> Iterator[str]:
+        seen = {k[0] for k in self.tau} | {k[0] for k in self.cycle_s} | {k[0] for k in self.ar_s}
+        return iter(sorted(seen))

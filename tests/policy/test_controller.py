@@ -1,0 +1,161 @@
+"""Decisions from scripted cycle records: AR inside tool calls where spec loses there, spec in
+text where it pays, no flapping, bounded probes with backoff, explained and counted decisions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from toolflash.policy.config import PolicyConfig
+from toolflash.policy.controller import AdaptivePolicy
+from toolflash.policy.request_class import RequestClass
+
+from .fakes import FakeClock
+from .world import Trace, World, drive
+
+TOOLS = RequestClass(kind="tools", thinking="off", after_tool_result=False, length_band="lt1k")
+CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "src/app/main.py", "n": 1}}\n</tool_call>'
+SCRIPT = (
+    "I will read the file first and then explain what it does in detail. " * 3
+    + CALL
+    + "\nNow the next step of the plan, written out as plain text for the user. " * 3
+    + CALL
+)
+
+# Text: spec at block 8 commits 6 tokens per 10 ms (600 tok/s) vs AR 250 tok/s.
+# Tool calls: spec commits 1 token per cycle (100 tok/s): AR is faster there.
+WORLD = dict(
+    accepted={"text": 5, "tool_call": 0, "json": 0, "reasoning": 5},
+    cycle_s={8: 0.010, 4: 0.008, 2: 0.0065},
+    ar_s=0.004,
+)
+
+
+def policy(tmp_path: Path, extra: str = "") -> AdaptivePolicy:
+    files = []
+    if extra:
+        f = tmp_path / "extra.yaml"
+        f.write_text(extra)
+        files.append(f)
+    return AdaptivePolicy(
+        PolicyConfig(files), clock=FakeClock(), state_file=str(tmp_path / "state.json")
+    )
+
+
+def share(trace: Trace, span: str, mode: str) -> float:
+    steps = [m for s, m, _ in trace.steps if s == span]
+    return sum(1 for m in steps if m == mode) / len(steps)
+
+
+def test_ar_inside_tool_calls_spec_in_text(tmp_path: Path) -> None:
+    pol = policy(tmp_path)
+    traces = []
+    for seed in range(4):
+        ctrl = pol.controller_for("m", TOOLS, False)
+        traces.append(drive(ctrl, World(**WORLD, noise=0.05, seed=seed), SCRIPT))  # type: ignore[arg-type]
+    last = traces[-1]
+    assert share(last, "tool_call", "ar") > 0.8
+    assert share(last, "text", "spec") > 0.9
+    assert traces[-1].seconds < traces[0].seconds  # learning pays
+    # In text the best block is 8 (6 tokens / 10 ms beats 4 / 8 ms and 2 / 6.5 ms).
+    text_blocks = {b for s, m, b in last.steps if s == "text" and m == "spec"}
+    assert text_blocks == {8}
+    # Every switch is explained: entering a call goes to AR, leaving it back to spec.
+    summary = ctrl.summary()
+    json.dumps(summary)
+    span_decisions = [d for d in summary["decisions"] if d["kind"] == "span"]
+    assert [(d["span"], d["mode"]) for d in span_decisions] == [
+        ("tool_call", "ar"),
+        ("text", "spec"),
+        ("tool_call", "ar"),
+        ("text", "spec"),
+    ]
+    into_call = span_decisions[0]
+    assert into_call["surplus"] < 0 and into_call["p_spec_faster"] < 0.2
+    assert "beats" in into_call["reason"]
+
+
+def test_no_flapping_when_modes_are_close(tmp_path: Path) -> None:
+    # Spec 2 tokens per 8 ms (250 tok/s) vs AR 4 ms (250 tok/s), 10% timing noise.
+    world = World(
+        accepted={"text": 1, "tool_call": 1},
+        cycle_s={8: 0.008, 4: 0.0085, 2: 0.009},
+        ar_s=0.004,
+        noise=0.1,
+    )
+    pol = policy(tmp_path)
+    script = "plain text that goes on and on " * 40
+    switches = 0
+    for _ in range(3):
+        ctrl = pol.controller_for("m", TOOLS, False)
+        drive(ctrl, world, script)
+        switches += ctrl.switches
+        rechecks = [d for d in ctrl.decisions if d["kind"] == "recheck"]
+        assert len(rechecks) <= 2
+    assert switches <= 4
+
+
+def test_losing_probes_back_off_exponentially(tmp_path: Path) -> None:
+    # AR never pays in text; after it is measured, the policy should stop probing it.
+    world = World(
+        accepted={"text": 7}, cycle_s={8: 0.010, 4: 0.009, 2: 0.008}, ar_s=0.02, noise=0.05
+    )
+    pol = policy(tmp_path, "exploration: {budget_per_request: 1000, backoff_base_steps: 8}\n")
+    script = "text " * 400
+    probes_per_request = []
+    for _ in range(4):
+        ctrl = pol.controller_for("m", TOOLS, False)
+        trace = drive(ctrl, world, script)
+        probes_per_request.append(ctrl.probes)
+    ar_steps = sum(1 for _, m, _ in trace.steps if m == "ar")
+    assert probes_per_request[0] >= 1
+    assert sum(probes_per_request[1:]) <= 3  # 8, 16, 32... steps apart, then decisive
+    assert ar_steps <= 6
+    rows = pol.counters()["probes"]
+    assert any(r["labels"]["outcome"] == "lost" and r["labels"]["arm"] == "ar" for r in rows)
+
+
+def test_probe_budget_per_request(tmp_path: Path) -> None:
+    pol = policy(tmp_path, "exploration: {budget_per_request: 2, probe_ar_steps: 6}\n")
+    ctrl = pol.controller_for("m", TOOLS, False)
+    drive(ctrl, World(**WORLD), "text " * 100)  # type: ignore[arg-type]
+    assert ctrl.probe_steps <= 2
+
+
+def test_forced_modes_from_config(tmp_path: Path) -> None:
+    pol = policy(
+        tmp_path,
+        "classes:\n  'tools.*':\n    tool_call: {mode: ar}\n    text: {mode: spec, block_sizes: [4]}\n",
+    )
+    ctrl = pol.controller_for("m", TOOLS, False)
+    trace = drive(ctrl, World(**WORLD), SCRIPT)  # type: ignore[arg-type]
+    assert share(trace, "tool_call", "ar") == 1.0
+    assert {(m, b) for s, m, b in trace.steps if s == "text"} == {("spec", 4)}
+    assert all(d["kind"] == "forced" for d in ctrl.decisions)
+
+
+def test_json_response_format_uses_json_estimates(tmp_path: Path) -> None:
+    pol = policy(tmp_path)
+    json_class = RequestClass("json", "off", False, "lt1k")
+    for _ in range(3):
+        ctrl = pol.controller_for("m", json_class, True)
+        trace = drive(ctrl, World(**WORLD), '{"answer": "' + "x" * 200 + '"}')  # type: ignore[arg-type]
+    assert ctrl.spans.kind == "json"
+    assert {m for _, m, _ in trace.steps} == {"ar"}  # learned: spec accepts nothing in JSON here
+    assert any(k[2] == "json" for k in pol.model("m").estimates.tau)
+
+
+def test_counters_and_persistence_across_restart(tmp_path: Path) -> None:
+    pol = policy(tmp_path)
+    for seed in range(3):
+        drive(pol.controller_for("m", TOOLS, False), World(**WORLD, seed=seed), SCRIPT)  # type: ignore[arg-type]
+    counters = pol.counters()
+    assert set(counters) >= {"decisions", "steps", "tokens", "requests"}
+    tokens = sum(r["value"] for r in counters["tokens"])
+    assert tokens == 3 * len(SCRIPT)
+    pol.save()
+    restarted = policy(tmp_path)
+    ctrl = restarted.controller_for("m", TOOLS, False)
+    trace = drive(ctrl, World(**WORLD), SCRIPT)  # type: ignore[arg-type]
+    assert share(trace, "tool_call", "ar") > 0.8  # learned before the restart
+    assert ctrl.probes <= 2

@@ -1,0 +1,119 @@
+"""Estimator math: decayed means, time decay with a fake clock, confidence, buckets, surplus."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from toolflash.policy.estimates import Estimates, Stat, context_bucket, normal_cdf
+
+from .fakes import FakeClock
+
+
+def test_context_buckets_are_powers_of_two() -> None:
+    assert [context_bucket(n) for n in (1, 256, 257, 1000, 1024, 1025)] == [
+        256,
+        256,
+        512,
+        1024,
+        1024,
+        2048,
+    ]
+    assert context_bucket(3, smallest=1) == 4
+
+
+def test_stat_sample_decay_weights_recent_samples_more() -> None:
+    s = Stat()
+    decay = 0.5  # half life of one sample
+    for x in (10.0, 10.0, 10.0, 20.0):
+        s.add(x, now=0.0, sample_decay=decay, half_life_s=0.0)
+    # weights 1/8, 1/4, 1/2, 1 -> mean = (10*(7/8) + 20) / (15/8)
+    assert s.mean == pytest.approx((10 * 7 / 8 + 20) / (15 / 8))
+    assert s.weight == pytest.approx(15 / 8)
+    assert s.count == 4
+
+
+def test_stat_time_decay_halves_weight_per_half_life() -> None:
+    s = Stat()
+    s.add(4.0, now=100.0, sample_decay=1.0, half_life_s=60.0)
+    s.add(4.0, now=100.0, sample_decay=1.0, half_life_s=60.0)
+    assert s.effective(160.0, 60.0) == pytest.approx(1.0)
+    assert s.effective(220.0, 60.0) == pytest.approx(0.5)
+    s.add(8.0, now=220.0, sample_decay=1.0, half_life_s=60.0)  # old weight 0.5, new 1
+    assert s.mean == pytest.approx((0.5 * 4 + 8) / 1.5)
+    assert s.var == pytest.approx((0.5 * 16 + 64) / 1.5 - s.mean**2)
+
+
+def test_surplus_from_tau_and_cycle_time() -> None:
+    clock = FakeClock()
+    est = Estimates(sample_half_life=1e9, half_life_s=0, clock=clock)
+    for _ in range(20):
+        est.observe_spec("m", "c", "text", 8, accepted=3, seconds=0.010, context_len=300)
+        est.observe_ar("m", seconds=0.005, context_len=300)
+    s = est.surplus("m", "c", "text", 8, 300)
+    assert s.tau == pytest.approx(4.0)
+    assert s.spec.tps == pytest.approx(400.0)
+    assert s.ar.tps == pytest.approx(200.0)
+    assert s.value == pytest.approx(200.0)
+    assert s.p_positive > 0.99
+    # Counterfactual credit: block 4 would have committed min(3, 3) + 1 = 4, block 2 would
+    # have committed 2; their cycle times are unknown until measured.
+    assert ("m", "c", "text", 4) not in est.tau  # not credited without block_sizes
+    est.observe_spec("m", "c", "text", 8, 7, 0.010, 300, block_sizes=(8, 4, 2))
+    assert est.tau[("m", "c", "text", 4)].mean == pytest.approx(4.0)
+    assert est.tau[("m", "c", "text", 2)].mean == pytest.approx(2.0)
+    assert not est.spec("m", "c", "text", 4, 300)[0].known
+
+
+def test_confidence_grows_with_samples_and_fades_with_time() -> None:
+    clock = FakeClock()
+    est = Estimates(sample_half_life=1e9, half_life_s=600.0, clock=clock)
+    est.observe_spec("m", "c", "tool_call", 8, 0, 0.010, 300)
+    est.observe_ar("m", 0.009, 300)
+    early = est.surplus("m", "c", "tool_call", 8, 300)
+    for _ in range(30):
+        est.observe_spec("m", "c", "tool_call", 8, 0, 0.010, 300)
+        est.observe_ar("m", 0.009, 300)
+    late = est.surplus("m", "c", "tool_call", 8, 300)
+    assert late.value < 0 and early.value < 0
+    assert late.std < early.std
+    assert late.p_positive < early.p_positive < 0.5
+    clock.advance(6000)  # ten half lives: the estimate is stale again
+    stale = est.surplus("m", "c", "tool_call", 8, 300)
+    assert stale.value == pytest.approx(late.value)
+    assert stale.samples < 0.1 and stale.std > 10 * late.std
+
+
+def test_unknown_and_nearest_bucket() -> None:
+    est = Estimates(clock=FakeClock())
+    assert not est.ar("m", 100).known
+    assert est.surplus("m", "c", "text", 8, 100).p_positive == 0.5
+    est.observe_ar("m", 0.01, 300)  # bucket 512
+    near = est.ar("m", 3000)  # bucket 4096 borrows 512's timing
+    assert near.known and near.tps == pytest.approx(100.0)
+    assert not est.ar("other", 300).known
+
+
+def test_normal_cdf() -> None:
+    assert normal_cdf(0.0) == 0.5
+    assert normal_cdf(1.96) == pytest.approx(0.975, abs=1e-3)
+    assert math.isclose(normal_cdf(-1.0) + normal_cdf(1.0), 1.0)
+
+
+def test_json_round_trip_and_rejects_malformed() -> None:
+    clock = FakeClock()
+    est = Estimates(clock=clock)
+    est.observe_spec("m", "c", "json", 8, 5, 0.02, 700, block_sizes=(4,))
+    est.observe_ar("m", 0.004, 700)
+    copy = Estimates(clock=clock)
+    assert copy.load_json(est.to_json()) == 4
+    assert copy.surplus("m", "c", "json", 8, 700) == est.surplus("m", "c", "json", 8, 700)
+    with pytest.raises(ValueError):
+        Estimates().load_json({"tau": [["m", "c", "json", "8", 1, 1, 1, 1, 1]]})
+    with pytest.raises(ValueError):
+        Estimates().load_json({"ar_s": [["m", 512, -1, 0, 0, 1, 0]]})
+    bad = Estimates()
+    with pytest.raises(ValueError):
+        bad.load_json({"ar_s": [["m", 512, 1, 1, 1, 1, 0]], "cycle_s": "x"})
+    assert not bad.ar_s  # nothing merged from a bad document
