@@ -31,8 +31,16 @@ TRAIN_DEFAULTS: dict[Family, TrainDefaults] = {
 }
 
 
-def target_config(family: Family, vocab_size: int, eos_token_id: int) -> dict[str, Any]:
-    """The `config.json` of a tiny target of `family`."""
+def target_config(
+    family: Family,
+    vocab_size: int,
+    eos_token_id: int,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The `config.json` of a tiny target of `family`.
+
+    `overrides` replace architecture keys (in `text_config` for qwen3_5), e.g. smaller test models.
+    """
     if family == "qwen3":
         return {
             "architectures": ["Qwen3ForCausalLM"],
@@ -50,6 +58,7 @@ def target_config(family: Family, vocab_size: int, eos_token_id: int) -> dict[st
             "tie_word_embeddings": True,
             "eos_token_id": eos_token_id,
             "torch_dtype": "bfloat16",
+            **(overrides or {}),
         }
     text_config = {
         "model_type": "qwen3_5_text",
@@ -78,6 +87,7 @@ def target_config(family: Family, vocab_size: int, eos_token_id: int) -> dict[st
         },
         "tie_word_embeddings": True,
         "eos_token_id": eos_token_id,
+        **(overrides or {}),
     }
     return {
         "architectures": ["Qwen3_5ForConditionalGeneration"],

@@ -123,12 +123,14 @@ def train_target(
     log_every: int = 10,
     stream: np.ndarray | None = None,
     stream_digest: str = "",
+    config_overrides: dict[str, Any] | None = None,
 ) -> TrainResult:
     """Train a tiny `family` target on `corpus` and save it under `out_dir`.
 
     AdamW (wd 0.1, betas 0.9/0.95), 4% warmup then cosine to 10%, grad clip 1.0, compiled step,
     loss on every token of the packed rendered samples. Data order and init follow `seed`.
-    Pass `stream` and `stream_digest` (from `tokenize_corpus`) to reuse one tokenization.
+    Pass `stream` and `stream_digest` (from `tokenize_corpus`) to reuse one tokenization;
+    `config_overrides` shrink or reshape the architecture (tests use it).
     """
     defaults = TRAIN_DEFAULTS[family]
     steps = steps or defaults.steps
@@ -142,7 +144,9 @@ def train_target(
     windows = pack_windows(stream, seq_len)
     spec = json.loads((tokenizer_dir / "tokenizer.json").read_text())
     added = {a["content"]: a["id"] for a in spec["added_tokens"]}
-    config = target_config(family, len(spec["model"]["vocab"]), eos_token_id=added[EOS_TOKEN])
+    config = target_config(
+        family, len(spec["model"]["vocab"]), added[EOS_TOKEN], overrides=config_overrides
+    )
 
     mx.random.seed(seed)
     data_rng = np.random.default_rng(seed)

@@ -11,6 +11,15 @@ import pytest
 from toolflash.zoo.records import Record
 from toolflash.zoo.train_target import pack_windows, train_target
 
+# Same families at test size: fast even on a reference BLAS.
+SMALL = {
+    "qwen3": {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128, "head_dim": 32,
+              "num_attention_heads": 2, "num_key_value_heads": 1},
+    "qwen3_5": {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128, "head_dim": 32,
+                "num_attention_heads": 2, "num_key_value_heads": 1, "linear_value_head_dim": 32,
+                "layer_types": ["linear_attention", "full_attention"]},
+}  # fmt: skip
+
 
 def test_pack_windows_shifts_by_one() -> None:
     import numpy as np
@@ -35,12 +44,15 @@ def test_short_run_learns_and_loads(
         steps=20,
         seed=0,
         batch_size=4,
-        seq_len=128,
+        seq_len=64,
         lr=3e-3,
+        config_overrides=SMALL[family],
     )
     assert result.final_loss < result.first_loss - 1.0
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == family
+    arch = config.get("text_config", config)
+    assert arch["hidden_size"] == 64 and arch["vocab_size"] == 4096
     assert (out / "tokenizer.json").exists() and (out / "chat_template.jinja").exists()
 
     model, tokenizer = mlx_lm.load(str(out))
