@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import platform
 import socket
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -28,6 +30,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+from starlette.applications import Starlette
 
 from toolflash.engine.api import Engine, FinishEvent, GenerationRequest, Mode, TokenEvent
 from toolflash.gateway.app import create_app
@@ -111,16 +114,12 @@ def http_run(client: httpx.Client, url: str, prompt: str, max_tokens: int, strea
     return Run(time.perf_counter() - t0, ttft, usage.get("completion_tokens", 0), queue_s)
 
 
-def start_server(
-    factory: Callable[[], Engine], config: GatewayConfig
-) -> tuple[str, uvicorn.Server, threading.Thread]:
+def start_server(app: Starlette) -> tuple[str, uvicorn.Server, threading.Thread]:
     # proto=IPPROTO_TCP: asyncio only sets TCP_NODELAY on accepted sockets of that proto
     # (with proto 0 every response body waits ~40 ms for a delayed ACK).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(factory, config), log_level="warning", access_log=False)
-    )
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     return f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread
@@ -195,6 +194,12 @@ def concurrency(url: str, clients: int, per_client: int, max_tokens: int) -> dic
     }
 
 
+def http_once(url: str, prompt: str, max_tokens: int, stream: bool) -> Run:
+    """One HTTP generation from a fresh client (runs in the client process)."""
+    with httpx.Client(timeout=600) as c:
+        return http_run(c, url, prompt, max_tokens, stream)
+
+
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for pkg in ("toolflash", "mlx", "mlx-lm", "starlette", "uvicorn", "httpx"):
@@ -219,50 +224,67 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="runs of each prompt per variant")
     p.add_argument("--clients", default="1,4,16")
     p.add_argument("--per-client", type=int, default=2)
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval for the server process (default: Python's 5 ms)",
+    )
     p.add_argument("--json", dest="json_out", default=None)
     args = p.parse_args(argv)
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
 
-    direct: list[Run] = []
     work = [pr for pr in PROMPTS for _ in range(args.repeats)]
 
     def factory() -> Engine:
-        engine: Engine
         if args.engine == "fake":
             sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
             from tests.gateway.fake_engine import FakeEngine
 
-            engine = FakeEngine(cycle_delay_s=args.fake_cycle_ms / 1e3)
-        else:
-            from toolflash.engine.factory import build_engine
+            return FakeEngine(cycle_delay_s=args.fake_cycle_ms / 1e3)
+        from toolflash.engine.factory import build_engine
 
-            engine = build_engine(
-                args.model, args.draft, mode=args.mode, block_size=args.block_size
-            )
-        direct_run(engine, PROMPTS[0], 4, args.mode)  # warm-up (compilation, caches)
-        for prompt in work:
-            direct.append(direct_run(engine, prompt, args.max_tokens, args.mode))
-        return engine
+        return build_engine(args.model, args.draft, mode=args.mode, block_size=args.block_size)
 
     config = GatewayConfig(mode=args.mode, block_size=args.block_size, max_queue=64)
-    url, server, thread = start_server(factory, config)
+    app = create_app(factory, config)
+    url, server, thread = start_server(app)
+    direct: list[Run] = []
+    plain: list[Run] = []
+    streamed: list[Run] = []
     try:
         wait_ready(url, timeout=1800)
-        with httpx.Client(timeout=600) as c:
-            http_run(c, url, PROMPTS[0], 4, stream=False)  # warm-up
-            plain = [http_run(c, url, pr, args.max_tokens, stream=False) for pr in work]
-            streamed = [http_run(c, url, pr, args.max_tokens, stream=True) for pr in work]
-        mismatch = [
-            (d.completion_tokens, h.completion_tokens, s.completion_tokens)
-            for d, h, s in zip(direct, plain, streamed, strict=True)
-            if not d.completion_tokens == h.completion_tokens == s.completion_tokens
-        ]
-        conc = [
-            concurrency(url, int(n), args.per_client, args.max_tokens)
-            for n in args.clients.split(",")
-        ]
+        worker = app.state.gateway.worker
+        # Clients run in their own process, as real clients do (here they would compete with
+        # the engine and the event loop for the GIL). Direct runs go through the worker so the
+        # engine stays on its one thread; the three variants of each prompt run back to back
+        # so machine-load drift hits them alike.
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+            worker.call(lambda e: direct_run(e, PROMPTS[0], 4, args.mode)).result()  # warm-up
+            pool.submit(http_once, url, PROMPTS[0], 4, False).result()
+            for prompt in work:
+                direct.append(
+                    worker.call(
+                        lambda e, p=prompt: direct_run(e, p, args.max_tokens, args.mode)
+                    ).result()
+                )
+                plain.append(pool.submit(http_once, url, prompt, args.max_tokens, False).result())
+                streamed.append(pool.submit(http_once, url, prompt, args.max_tokens, True).result())
+            clients = [int(n) for n in args.clients.split(",")]
+            conc = [
+                pool.submit(concurrency, url, n, args.per_client, args.max_tokens).result()
+                for n in clients
+            ]
     finally:
         server.should_exit = True
         thread.join(30)
+    mismatch = [
+        (d.completion_tokens, h.completion_tokens, s.completion_tokens)
+        for d, h, s in zip(direct, plain, streamed, strict=True)
+        if not d.completion_tokens == h.completion_tokens == s.completion_tokens
+    ]
 
     report = {
         "benchmark": "gateway_overhead",
@@ -281,10 +303,12 @@ def main(argv: list[str] | None = None) -> int:
             "http_ttft_ms": round(1e3 * median([s.ttft_s for s in streamed if s.ttft_s]), 3),
         },
         "concurrency": conc,
+        "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+        "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "machine": {
             "platform": platform.platform(),
             "machine": platform.machine(),
-            "cpus": __import__("os").cpu_count(),
+            "cpus": os.cpu_count(),
         },
         "versions": versions(),
     }

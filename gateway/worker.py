@@ -8,6 +8,7 @@ queue raises `Overloaded` (429) with a Retry-After estimated from recent job dur
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import queue
 import threading
@@ -81,6 +82,14 @@ class Job:
                 return
 
 
+@dataclass
+class EngineCall:
+    """A plain function to run on the engine thread, in queue order (benchmarks, warm-ups)."""
+
+    fn: Callable[[Engine], Any]
+    future: concurrent.futures.Future[Any]
+
+
 class EngineWorker:
     """Loads the engine on its own thread, then serves jobs one at a time."""
 
@@ -96,7 +105,7 @@ class EngineWorker:
         self._factory = factory
         self._on_failure = on_failure
         self.max_queue = max_queue
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[Job | EngineCall | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._run, name="toolflash-engine", daemon=True)
         self.state: WorkerState = "loading"
         self.engine: Engine | None = None
@@ -117,9 +126,11 @@ class EngineWorker:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
+            if isinstance(job, Job):
                 job.cancel.set()
                 job.push("error", ClientGone("the server is shutting down"))
+            elif isinstance(job, EngineCall):
+                job.future.cancel()
         try:
             self._queue.put(None, timeout=timeout)
         except queue.Full:
@@ -153,6 +164,15 @@ class EngineWorker:
                 headers={"Retry-After": str(retry)},
             ) from None
 
+    def call(self, fn: Callable[[Engine], Any]) -> concurrent.futures.Future[Any]:
+        """Run `fn(engine)` on the engine thread after the jobs queued before it (blocks while
+        the queue is full; not for request handlers, which must not block)."""
+        if self.state != "ready":
+            raise NotReady(f"the model is {self.state}")
+        item = EngineCall(fn, concurrent.futures.Future())
+        self._queue.put(item)
+        return item.future
+
     def _run(self) -> None:
         try:
             self.engine = self._factory()
@@ -170,6 +190,13 @@ class EngineWorker:
             job = self._queue.get()
             if job is None:
                 return
+            if isinstance(job, EngineCall):
+                if job.future.set_running_or_notify_cancel():
+                    try:
+                        job.future.set_result(job.fn(self.engine))
+                    except Exception as exc:
+                        job.future.set_exception(exc)
+                continue
             if job.cancel.is_set():  # the client left while queued
                 job.push("error", ClientGone("the client disconnected while queued"))
                 continue

@@ -14,6 +14,7 @@ import structlog.testing
 from tests.gateway.conftest import serve
 from tests.gateway.fake_engine import FakeEngine
 from toolflash.engine.api import CycleRecord, GenerationStats, ModeDecision
+from toolflash.gateway.app import create_app
 from toolflash.gateway.config import GatewayConfig
 from toolflash.policy.request_class import RequestClass
 
@@ -270,3 +271,22 @@ def test_template_errors_are_client_errors() -> None:
             f"{s.v1}/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
         )
         assert r.status_code == 400 and "System message" in r.json()["error"]["message"]
+
+
+def test_worker_call_runs_on_the_engine_thread_in_order() -> None:
+    import asyncio
+
+    engine = FakeEngine()
+    app = create_app(lambda: engine)
+
+    async def scenario() -> list[str]:
+        async with app.router.lifespan_context(app) as state:
+            worker = state["gateway"].worker
+            assert await asyncio.to_thread(worker.ready.wait, 5)
+            futures = [
+                worker.call(lambda e, i=i: f"{i}:{threading.current_thread().name}")
+                for i in range(3)
+            ]
+            return [f.result(5) for f in futures]
+
+    assert asyncio.run(scenario()) == [f"{i}:toolflash-engine" for i in range(3)]
