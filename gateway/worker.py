@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -91,7 +91,11 @@ class EngineCall:
 
 
 class EngineWorker:
-    """Loads the engine on its own thread, then serves jobs one at a time."""
+    """Loads the engine on its own thread, then serves jobs one at a time, first in first out.
+
+    The queue bound counts live waiting jobs only: a job whose client left while it waited is
+    dropped at once (so it neither holds a slot nor runs).
+    """
 
     def __init__(
         self,
@@ -105,7 +109,9 @@ class EngineWorker:
         self._factory = factory
         self._on_failure = on_failure
         self.max_queue = max_queue
-        self._queue: queue.Queue[Job | EngineCall | None] = queue.Queue(maxsize=max_queue)
+        self._queue: deque[Job | EngineCall] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="toolflash-engine", daemon=True)
         self.state: WorkerState = "loading"
         self.engine: Engine | None = None
@@ -118,29 +124,23 @@ class EngineWorker:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop after the running job; queued jobs are cancelled."""
-        if self.current is not None:
-            self.current.cancel.set()
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(job, Job):
-                job.cancel.set()
-                job.push("error", ClientGone("the server is shutting down"))
-            elif isinstance(job, EngineCall):
-                job.future.cancel()
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            pass
+        """Stop after the running job (which is cancelled); queued jobs are dropped."""
+        with self._cond:
+            self._stopping = True
+            dropped = list(self._queue)
+            self._queue.clear()
+            if self.current is not None:
+                self.current.cancel.set()
+            self._cond.notify_all()
+        for item in dropped:
+            self._drop(item, "the server is shutting down")
         self._thread.join(timeout)
         self.state = "stopped"
 
     @property
     def waiting(self) -> int:
-        return self._queue.qsize()
+        """Queued jobs whose clients are still there."""
+        return sum(1 for j in list(self._queue) if not (isinstance(j, Job) and j.cancel.is_set()))
 
     @property
     def running(self) -> int:
@@ -154,24 +154,54 @@ class EngineWorker:
         if self.state != "ready":
             detail = f": {self.load_error}" if self.load_error else ""
             raise NotReady(f"the model is {self.state}{detail}", headers={"Retry-After": "5"})
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            retry = self.retry_after_s()
-            raise Overloaded(
-                f"the server is busy: {self.waiting} requests are waiting (limit "
-                f"{self.max_queue}); retry in about {retry} s",
-                headers={"Retry-After": str(retry)},
-            ) from None
+        with self._cond:
+            self._purge_cancelled()
+            if len(self._queue) >= self.max_queue:
+                retry = self.retry_after_s()
+                raise Overloaded(
+                    f"the server is busy: {len(self._queue)} requests are waiting (limit "
+                    f"{self.max_queue}); retry in about {retry} s",
+                    headers={"Retry-After": str(retry)},
+                )
+            self._queue.append(job)
+            self._cond.notify()
 
     def call(self, fn: Callable[[Engine], Any]) -> concurrent.futures.Future[Any]:
-        """Run `fn(engine)` on the engine thread after the jobs queued before it (blocks while
-        the queue is full; not for request handlers, which must not block)."""
+        """Run `fn(engine)` on the engine thread after the jobs queued before it (not bounded
+        by the queue limit: for benchmarks and warm-ups, not for request handlers)."""
         if self.state != "ready":
             raise NotReady(f"the model is {self.state}")
         item = EngineCall(fn, concurrent.futures.Future())
-        self._queue.put(item)
+        with self._cond:
+            self._queue.append(item)
+            self._cond.notify()
         return item.future
+
+    def _purge_cancelled(self) -> None:
+        """Drop queued jobs whose clients left (caller holds the lock)."""
+        gone = [j for j in self._queue if isinstance(j, Job) and j.cancel.is_set()]
+        for job in gone:
+            self._queue.remove(job)
+            self._drop(job, "the client disconnected while queued")
+
+    @staticmethod
+    def _drop(item: Job | EngineCall, reason: str) -> None:
+        if isinstance(item, Job):
+            item.cancel.set()
+            item.push("error", ClientGone(reason))
+        else:
+            item.future.cancel()
+
+    def _next(self) -> Job | EngineCall | None:
+        with self._cond:
+            while True:
+                self._purge_cancelled()
+                if self._stopping:
+                    return None
+                if self._queue:
+                    return self._queue.popleft()
+                # Wake now and then to drop jobs cancelled while waiting.
+                self._cond.wait(timeout=0.5)
 
     def _run(self) -> None:
         try:
@@ -186,24 +216,18 @@ class EngineWorker:
         self.state = "ready"
         self.ready.set()
         log.info("engine_ready", model=self.engine.model_id, draft=self.engine.draft_id)
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            if isinstance(job, EngineCall):
-                if job.future.set_running_or_notify_cancel():
+        while (item := self._next()) is not None:
+            if isinstance(item, EngineCall):
+                if item.future.set_running_or_notify_cancel():
                     try:
-                        job.future.set_result(job.fn(self.engine))
+                        item.future.set_result(item.fn(self.engine))
                     except Exception as exc:
-                        job.future.set_exception(exc)
+                        item.future.set_exception(exc)
                 continue
-            if job.cancel.is_set():  # the client left while queued
-                job.push("error", ClientGone("the client disconnected while queued"))
-                continue
-            self.current = job
+            self.current = item
             t0 = time.perf_counter()
             try:
-                self._serve(self.engine, job)
+                self._serve(self.engine, item)
             finally:
                 self.current = None
                 self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - t0)

@@ -290,3 +290,24 @@ def test_worker_call_runs_on_the_engine_thread_in_order() -> None:
             return [f.result(5) for f in futures]
 
     assert asyncio.run(scenario()) == [f"{i}:toolflash-engine" for i in range(3)]
+
+
+def test_client_leaving_the_queue_frees_its_slot() -> None:
+    engine = FakeEngine(cycle_delay_s=0.01)
+    with serve(engine, GatewayConfig(max_queue=1)) as s:
+        a = threading.Thread(
+            target=httpx.post,
+            args=(f"{s.v1}/chat/completions",),
+            kwargs={"json": {**LONG, "max_tokens": 400}, "timeout": 20},
+        )
+        a.start()
+        assert wait_for(engine.active.is_set)
+        with pytest.raises(httpx.ReadTimeout):  # B waits in the queue, then gives up
+            httpx.post(f"{s.v1}/chat/completions", json={**LONG, "max_tokens": 5}, timeout=0.2)
+        assert wait_for(lambda: httpx.get(f"{s.v1}/status").json()["queue"]["waiting"] == 0)
+        assert engine.active.is_set()  # A still runs: B's slot was freed without the worker
+        short = {"messages": [{"role": "user", "content": "SCRIPT:ok"}]}
+        r = httpx.post(f"{s.v1}/chat/completions", json=short, timeout=20)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
+        a.join()
+        assert engine.finishes.count("stop") + engine.finishes.count("length") == 2  # B never ran
