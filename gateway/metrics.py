@@ -91,7 +91,7 @@ class GatewayMetrics:
         )
         self.rejected = Counter(
             "toolflash:requests_rejected",
-            "Requests answered with an error status.",
+            "Requests refused before generation, by status.",
             ["status"],
             registry=r,
         )
