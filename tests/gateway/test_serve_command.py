@@ -68,3 +68,66 @@ def test_engine_factory_is_lazy(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls == []  # nothing is loaded until the lifespan's worker calls it
     assert build() == "engine"
     assert calls == [(("m", None), {"mode": "ar", "block_size": 4})]
+
+
+def test_served_by_the_command_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """build_server -> uvicorn binding its own socket: lifespan, engine factory, real requests."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+
+    import toolflash.engine.factory as factory
+    from tests.gateway.fake_engine import FakeEngine
+
+    monkeypatch.setattr(factory, "build_engine", lambda *a, **kw: FakeEngine(model_id="cmd-model"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server, failed = serve.build_server(
+        parse("--port", str(port), "--api-key", "k", "--max-queue", "3")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        # asyncio sets TCP_NODELAY only on sockets whose proto is TCP (else ~40 ms per reply)
+        assert all(sock.proto == socket.IPPROTO_TCP for sock in server.servers[0].sockets)
+        headers = {"Authorization": "Bearer k"}
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "cmd-model", "messages": [{"role": "user", "content": "SCRIPT:ok"}]},
+            headers=headers,
+        )
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
+        assert httpx.get(f"{url}/v1/status", headers=headers).json()["queue"]["limit"] == 3
+        assert failed == []
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_load_failure_stops_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    import toolflash.engine.factory as factory
+
+    def broken(*a: object, **kw: object) -> None:
+        raise RuntimeError("no weights")
+
+    monkeypatch.setattr(factory, "build_engine", broken)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server, failed = serve.build_server(parse("--port", str(port)))
+    server.run()  # returns by itself once the load fails
+    assert [str(e) for e in failed] == ["no weights"]

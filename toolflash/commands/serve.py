@@ -72,24 +72,14 @@ def _engine_factory(args: argparse.Namespace) -> Any:
     return build
 
 
-def run(args: argparse.Namespace) -> int:
+def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
+    """The uvicorn server for these arguments, and the list a failed engine load lands in
+    (the load failure also stops the server)."""
     import uvicorn
 
     from toolflash.gateway.app import create_app
     from toolflash.gateway.config import GatewayConfig
-    from toolflash.gateway.logs import configure_logging
 
-    if not is_loopback(args.host) and not args.api_key:
-        print(
-            f"toolflash serve: binding {args.host} (not loopback) requires --api-key "
-            "(or TOOLFLASH_API_KEY)",
-            file=sys.stderr,
-        )
-        return 2
-    if args.max_queue < 1:
-        print("toolflash serve: --max-queue must be at least 1", file=sys.stderr)
-        return 2
-    configure_logging(json_lines=args.log_format == "json", level=args.log_level)
     config = GatewayConfig(
         mode=args.mode,
         block_size=args.block_size,
@@ -100,11 +90,11 @@ def run(args: argparse.Namespace) -> int:
         served_model_names=tuple(args.served_model_name),
     )
     failed: list[BaseException] = []
-    server: uvicorn.Server | None = None
+    holder: list[uvicorn.Server] = []
 
     def on_load_failure(exc: BaseException) -> None:
         failed.append(exc)
-        if server is not None:
+        for server in holder:
             server.should_exit = True
 
     app = create_app(_engine_factory(args), config, on_load_failure=on_load_failure)
@@ -118,6 +108,25 @@ def run(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=5,
         )
     )
+    holder.append(server)
+    return server, failed
+
+
+def run(args: argparse.Namespace) -> int:
+    from toolflash.gateway.logs import configure_logging
+
+    if not is_loopback(args.host) and not args.api_key:
+        print(
+            f"toolflash serve: binding {args.host} (not loopback) requires --api-key "
+            "(or TOOLFLASH_API_KEY)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.max_queue < 1:
+        print("toolflash serve: --max-queue must be at least 1", file=sys.stderr)
+        return 2
+    configure_logging(json_lines=args.log_format == "json", level=args.log_level)
+    server, failed = build_server(args)
     server.run()
     if failed:
         print(f"toolflash serve: the engine failed to load: {failed[0]}", file=sys.stderr)
