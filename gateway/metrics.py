@@ -13,7 +13,14 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -82,6 +89,9 @@ class GatewayMetrics:
     """The app's metrics; `render()` is the /metrics body."""
 
     def __init__(self, waiting: Callable[[], int], running: Callable[[], int]) -> None:
+        # `*_created` timestamp series double the exposition for nothing a scraper needs
+        # (a prometheus-client process-wide switch; vLLM turns them off too).
+        disable_created_metrics()
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
             "toolflash:requests",
