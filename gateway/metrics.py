@@ -90,7 +90,7 @@ class GatewayMetrics:
 
     def __init__(self, waiting: Callable[[], int], running: Callable[[], int]) -> None:
         # `*_created` timestamp series double the exposition for nothing a scraper needs
-        # (a prometheus-client process-wide switch; vLLM turns them off too).
+        # (a process-wide prometheus-client switch).
         disable_created_metrics()
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
