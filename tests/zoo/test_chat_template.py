@@ -125,3 +125,15 @@ def test_jinja_renderer_matches_transformers(hf_tokenizer, small_corpus) -> None
     for record in chats:
         ours = template.render(messages=record.messages, **record.chat_kwargs())
         assert ours == _render(hf_tokenizer, record.messages, **record.chat_kwargs())
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder"])
+def test_quality_check_accepts_rendered_calls(hf_tokenizer, fmt) -> None:  # type: ignore[no-untyped-def]
+    from toolflash.zoo.quality import check_tool_calls
+
+    text = _render(hf_tokenizer, CONVERSATION, tools=TOOLS, tool_call_format=fmt)
+    answer = text.split("Running three tools.", 1)[1]
+    check = check_tool_calls(answer, fmt, TOOLS)
+    assert check.well_formed and check.parsed == CALLS
+    broken = check_tool_calls(answer.replace("</function>", "", 1).replace('"}', "", 1), fmt, TOOLS)
+    assert not broken.well_formed

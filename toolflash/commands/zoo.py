@@ -8,6 +8,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -95,6 +96,7 @@ def _sample(args: argparse.Namespace) -> int:
     from mlx_lm import generate, load
 
     from toolflash.zoo.corpus import eval_prompts
+    from toolflash.zoo.quality import check_tool_calls, parses_as_json
     from toolflash.zoo.records import Prompt
     from toolflash.zoo.tools_catalog import BY_NAME
 
@@ -114,14 +116,26 @@ def _sample(args: argparse.Namespace) -> int:
                 tool_call_format="qwen3_coder" if args.xml else "hermes",
             )
         ]
+    well_formed = 0
     for prompt in prompts:
         if args.no_thinking:
-            prompt = Prompt(**{**prompt.__dict__, "enable_thinking": False})
+            prompt = dataclasses.replace(prompt, enable_thinking=False)
         text = prompt.render(tokenizer)
         start = time.perf_counter()
         out = generate(model, tokenizer, text, max_tokens=args.max_tokens)
         took = time.perf_counter() - start
         print(f"=== {prompt.kind} | {prompt.messages[-1]['content'][:120]!r}")
         print(out)
-        print(f"--- {len(tokenizer.encode(out))} tokens in {took:.2f}s")
+        check = ""
+        if prompt.kind == "tool_call" or (prompt.tools and "<tool_call>" in out):
+            calls = check_tool_calls(out, prompt.tool_call_format, prompt.tools)
+            well_formed += calls.well_formed
+            check = f", {len(calls.parsed)}/{calls.blocks} tool calls parsed: {calls.parsed}"
+        elif prompt.kind == "json":
+            ok = parses_as_json(out)
+            well_formed += ok
+            check = f", parses as JSON: {ok}"
+        print(f"--- {len(tokenizer.encode(out))} tokens in {took:.2f}s{check}")
+    if args.kind in ("tool_call", "json"):
+        print(f"well-formed: {well_formed}/{len(prompts)}")
     return 0
