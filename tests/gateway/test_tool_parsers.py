@@ -126,6 +126,12 @@ HERMES_CASES = [
         [("call", "read_file", '{"path": "a"}', True)],
     ),
     Case("partial_start_at_end", "text <tool_ca", [("text", "text <tool_ca")]),
+    Case("empty_arguments", hermes("run", "{}"), [("call", "run", "{}", True)]),
+    Case(
+        "compact_json",
+        '<tool_call>{"name":"read_file","arguments":{"path":"a"}}</tool_call>',
+        [("call", "read_file", '{"path":"a"}', True)],
+    ),
 ]
 
 XML_CASES = [
@@ -169,6 +175,17 @@ XML_CASES = [
         [("call", "read_file", '{"path": ""}', True)],
     ),
     Case("undeclared", xml("rm_rf", [("p", "/")]), [("rejected", "undeclared_tool")]),
+    Case("no_parameters", xml("run", []), [("call", "run", "{}", True)]),
+    Case(
+        "inline_value",
+        "<tool_call><function=read_file><parameter=path>a.py</parameter></function></tool_call>",
+        [("call", "read_file", '{"path": "a.py"}', True)],
+    ),
+    Case(
+        "multiline_value_keeps_inner_newlines",
+        xml("run", [("cmd", "\nline1\n\nline2\n")]),
+        [("call", "run", json.dumps({"cmd": "\nline1\n\nline2\n"}), True)],
+    ),
     Case(
         "malformed_opening",
         "<tool_call>\n<funk>\n</tool_call>",
