@@ -76,7 +76,7 @@ class EstimateSettings(_Strict):
     sample_half_life: float = Field(default=200.0, gt=0.0)
     half_life_s: float = Field(default=21600.0, ge=0.0)
     smallest_bucket: int = Field(default=256, ge=1)
-    timing: Literal["cycle", "wall"] = "cycle"
+    timing: Literal["cycle", "wall"] = "wall"
 
     @field_validator("smallest_bucket")
     @classmethod
@@ -93,6 +93,7 @@ class ExploreSettings(_Strict):
     backoff_base_steps: int = Field(default=32, ge=1)
     backoff_max_steps: int = Field(default=8192, ge=1)
     explore_p: float = Field(default=0.1, gt=0.0, lt=0.5)
+    skip_hopeless: bool = True
 
 
 class DecisionSettings(_Strict):

@@ -205,7 +205,12 @@ class PolicyController:
 
     def after_step(self, record: CycleRecord, token_ids: Sequence[int], text: str) -> ModeDecision:
         now = time.perf_counter()
-        seconds = now - self._t_last if self.timing_wall else record.total_s
+        seconds = record.total_s
+        if self.timing_wall:
+            # Per-step work outside the cycle (detokenizing, stop matching, this controller,
+            # event delivery) is paid per step, so spec amortizes it; count it. Clipped, so
+            # a consumer that stalls between events does not read as slow decoding.
+            seconds = min(now - self._t_last, 2.0 * record.total_s) or record.total_s
         self._t_last = now
         span = self.spans.kind
         self._observe(record, span, seconds)
@@ -361,6 +366,12 @@ class PolicyController:
             if arm == self.arm or not self.state.backoff.allowed(scope, arm):
                 continue
             alt = self._throughput(arm, span)
+            if (
+                arm[0] == "spec"
+                and self.explore.skip_hopeless
+                and not self._could_win(arm, span, cur, rule)
+            ):
+                continue
             why = probe_reason(
                 alt,
                 cur,
@@ -381,6 +392,16 @@ class PolicyController:
         self.probe = Probe(arm=arm, base=self.arm, remaining=length, reason=why)
         self.probes += 1
         self._set(arm, "probe", f"{span}: probe {arm_name(arm)} for {length} steps ({why})", span)
+
+    def _could_win(self, arm: Arm, span: str, cur: Throughput, rule: SpanRule) -> bool:
+        """Whether spec at this block could beat `cur` at all: a cycle costs at least one AR
+        step (it runs a target forward of the block, plus the draft), so spec is bounded by
+        measured tau x AR tok/s. Where tau is that low, probing block sizes is pure loss."""
+        tau = self.est.measured_tau(self.model_id, self.label, span, arm[1])
+        ar = self.est.ar(self.model_id, self.context)
+        if tau is None or not ar.known or not cur.known:
+            return True
+        return tau * ar.tps > cur.tps * (1.0 + rule.switch_margin)
 
     def _end_probe(self, span: str) -> None:
         probe = self.probe

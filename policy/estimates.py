@@ -8,6 +8,9 @@ different things, so they are learned separately and combined at the context len
 Timings are therefore learned from every request of a model, and only tau needs per-class data.
 A spec cycle at block B that accepted `a` draft tokens also says what a smaller block b would have
 committed (`min(a, b - 1) + 1`), so smaller block sizes learn tau from the same measurements.
+Tau is also pooled per span kind over all classes (label `*`) and over everything (span `*`): a
+class or span seen for the first time starts from the pool as a prior (worth at most
+`PRIOR_SAMPLES` samples, and reported with 0 own samples, so it is still probed).
 
 Every estimate is an exponentially decayed mean with variance: each new sample multiplies the old
 weight by `sample_decay`, and weight also halves every `half_life_s` seconds of the injected clock,
@@ -28,6 +31,8 @@ Clock = Callable[[], float]
 # Relative noise floors: a handful of identical samples must not look certain.
 _TIME_REL_FLOOR = 0.05
 _TAU_ABS_FLOOR = 0.5
+PRIOR_SAMPLES = 4.0
+POOL = "*"
 
 
 def context_bucket(context_len: int, smallest: int = 256) -> int:
@@ -101,7 +106,8 @@ def _time_decay(age_s: float, half_life_s: float) -> float:
 
 @dataclass(frozen=True)
 class Throughput:
-    """An estimated throughput (tokens/s) with its standard error and effective samples."""
+    """An estimated throughput (tokens/s) with its standard error and the effective samples
+    measured for exactly this case (0 when the estimate is only a prior borrowed from a pool)."""
 
     tps: float
     std: float
@@ -109,7 +115,7 @@ class Throughput:
 
     @property
     def known(self) -> bool:
-        return self.samples > 0
+        return self.tps > 0 and math.isfinite(self.std)
 
 
 UNKNOWN = Throughput(0.0, math.inf, 0.0)
@@ -203,7 +209,10 @@ class Estimates:
         self._add(self.cycle_s, (model, block_size, self.bucket(context_len)), seconds, now)
         for b in {block_size, *block_sizes}:
             if 1 < b <= block_size:
-                self._add(self.tau, (model, label, span, b), min(accepted, b - 1) + 1.0, now)
+                x = min(accepted, b - 1) + 1.0
+                self._add(self.tau, (model, label, span, b), x, now)
+                self._add(self.tau, (model, POOL, span, b), x, now)
+                self._add(self.tau, (model, POOL, POOL, b), x, now)
 
     def observe_ar(self, model: str, seconds: float, context_len: int) -> None:
         """One target-only step that took `seconds`."""
@@ -229,12 +238,27 @@ class Estimates:
         """Spec tokens/s and tau for this class, span and block at this context length."""
         now = self.clock()
         tau = self.tau.get((model, label, span, block_size))
+        own = tau.effective(now, self.half_life_s) if tau is not None else 0.0
+        n_tau = own
+        if tau is None or own <= 0:
+            tau = self.tau.get((model, POOL, span, block_size)) or self.tau.get(
+                (model, POOL, POOL, block_size)
+            )
+            if tau is None:
+                return UNKNOWN, 0.0
+            n_tau, own = min(tau.effective(now, self.half_life_s), PRIOR_SAMPLES), 0.0
         cyc = self._near(self.cycle_s, model, (block_size,), self.bucket(context_len))
-        if tau is None or cyc is None or tau.weight <= 0:
-            return UNKNOWN, tau.mean if tau is not None else 0.0
-        n_tau = tau.effective(now, self.half_life_s)
-        tau_se = math.sqrt(max(tau.var, _TAU_ABS_FLOOR**2) / max(n_tau, 1e-9))
-        return self._rate(tau.mean, tau_se, cyc, now, n_tau), tau.mean
+        if cyc is None or n_tau <= 0:
+            return UNKNOWN, tau.mean
+        tau_se = math.sqrt(max(tau.var, _TAU_ABS_FLOOR**2) / n_tau)
+        return self._rate(tau.mean, tau_se, cyc, now, own), tau.mean
+
+    def measured_tau(self, model: str, label: str, span: str, block_size: int) -> float | None:
+        """Tau measured for exactly this class and span (no prior), or None."""
+        tau = self.tau.get((model, label, span, block_size))
+        if tau is None or tau.effective(self.clock(), self.half_life_s) <= 0:
+            return None
+        return tau.mean
 
     def surplus(
         self, model: str, label: str, span: str, block_size: int, context_len: int

@@ -32,7 +32,10 @@ WORLD = dict(
 
 
 def policy(tmp_path: Path, extra: str = "") -> AdaptivePolicy:
-    files = []
+    # Scripted records carry their own timings: measure cycles, not the wall clock.
+    base = tmp_path / "cycle-timing.yaml"
+    base.write_text("estimates: {timing: cycle}\n")
+    files = [base]
     if extra:
         f = tmp_path / "extra.yaml"
         f.write_text(extra)

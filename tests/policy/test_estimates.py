@@ -107,7 +107,7 @@ def test_json_round_trip_and_rejects_malformed() -> None:
     est.observe_spec("m", "c", "json", 8, 5, 0.02, 700, block_sizes=(4,))
     est.observe_ar("m", 0.004, 700)
     copy = Estimates(clock=clock)
-    assert copy.load_json(est.to_json()) == 4
+    assert copy.load_json(est.to_json()) == 8  # 2 blocks x 3 tau pools, cycle, AR
     assert copy.surplus("m", "c", "json", 8, 700) == est.surplus("m", "c", "json", 8, 700)
     with pytest.raises(ValueError):
         Estimates().load_json({"tau": [["m", "c", "json", "8", 1, 1, 1, 1, 1]]})
@@ -117,3 +117,19 @@ def test_json_round_trip_and_rejects_malformed() -> None:
     with pytest.raises(ValueError):
         bad.load_json({"ar_s": [["m", 512, 1, 1, 1, 1, 0]], "cycle_s": "x"})
     assert not bad.ar_s  # nothing merged from a bad document
+
+
+def test_new_class_starts_from_the_pooled_prior() -> None:
+    est = Estimates(sample_half_life=1e9, clock=FakeClock())
+    for _ in range(50):
+        est.observe_spec("m", "tools.a", "tool_call", 8, 6, 0.01, 300)
+        est.observe_spec("m", "tools.a", "text", 8, 0, 0.01, 300)
+    est.observe_ar("m", 0.004, 300)
+    own = est.spec("m", "tools.a", "tool_call", 8, 300)[0]
+    prior, tau = est.spec("m", "json.b", "tool_call", 8, 300)
+    assert tau == pytest.approx(7.0)  # the tool_call pool, not the all-span pool
+    assert prior.tps == pytest.approx(own.tps)
+    assert prior.samples == 0 and own.samples > 10  # a prior still counts as unmeasured
+    assert prior.std > own.std
+    assert est.spec("m", "json.b", "reasoning", 8, 300)[1] == pytest.approx(4.0)  # all spans
+    assert est.measured_tau("m", "json.b", "tool_call", 8) is None

@@ -26,7 +26,7 @@ def test_round_trip_keeps_other_models(tmp_path: Path) -> None:
     assert store.save("m", learned(clock))
     assert store.save("other", learned(clock, "other"))
     fresh = Estimates(clock=clock)
-    assert store.load("m", fresh) == 3
+    assert store.load("m", fresh) == 5
     surplus = fresh.surplus("m", "tools.think-off.user.lt1k", "tool_call", 8, 400)
     assert surplus == learned(clock).surplus("m", "tools.think-off.user.lt1k", "tool_call", 8, 400)
     doc = json.loads(path.read_text())
@@ -51,7 +51,7 @@ def test_corrupt_foreign_and_missing_files_are_ignored(tmp_path: Path) -> None:
     # A corrupt file is replaced by a good one on the next save.
     path.write_text("{not json")
     assert PolicyStore(path).save("m", learned(FakeClock()))
-    assert PolicyStore(path).load("m", Estimates(clock=FakeClock())) == 3
+    assert PolicyStore(path).load("m", Estimates(clock=FakeClock())) == 5
 
 
 def test_unwritable_state_dir_does_not_raise(tmp_path: Path) -> None:

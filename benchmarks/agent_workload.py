@@ -1,0 +1,620 @@
+"""A mixed coding-agent workload through the engine: always-spec, always-AR and the adaptive policy,
+in one run, interleaved request by request.
+
+The workload (below, in this file) is a set of multi-turn sessions: tool definitions, tool calls and
+tool results, free text, code, forced tool calls and JSON-schema answers, with thinking on and off.
+Every assistant turn of a session becomes one request whose prompt is the session so far, classified
+with the gateway's request classifier. Each request runs under the three strategies back to back
+(the order rotates per request, so drift and neighbours' load spread evenly); greedy decoding makes
+the three outputs identical, which is checked. Decode time (the engine's `decode_s`) and tokens are
+summed per request class and overall.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \
+        python benchmarks/agent_workload.py [--model DIR --draft DIR] [--out DIR]
+
+Writes `agent_workload.json` and `agent_workload.png` (tok/s per class per strategy) to --out.
+The bar (issue 5): adaptive within 3% of the better fixed mode on every class, and faster than both
+on the whole workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolflash.engine.api import FinishEvent, GenerationRequest, TokenEvent
+from toolflash.policy.config import PolicyConfig
+from toolflash.policy.controller import AdaptivePolicy, PolicyController
+from toolflash.policy.request_class import RequestClass, classify
+
+STRATEGIES = ("spec", "ar", "adaptive")
+# A second AR run of every request: how far two identical strategies differ is the noise floor.
+CONTROL = "ar-again"
+BAR = 0.03
+
+# -- the workload -------------------------------------------------------------------------------
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a text file from the repository.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "run_shell",
+            "description": "Run a shell command in the repository root and return its output.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string"},
+                    "timeout": {"type": "integer"},
+                },
+                "required": ["command"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search_code",
+            "description": "Search the code base for a regular expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"pattern": {"type": "string"}, "glob": {"type": "string"}},
+                "required": ["pattern"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "write_file",
+            "description": "Replace a file's content.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                "required": ["path", "content"],
+            },
+        },
+    },
+]
+
+UTILS_PY = '''def parse_size(text):
+    """Parse '10k', '3M' or '512' into a number of bytes."""
+    units = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
+    text = text.strip().lower()
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+'''
+
+PYTEST_OUT = """============================= test session starts ==============================
+collected 12 items
+
+tests/test_utils.py ..F.........                                          [100%]
+
+=================================== FAILURES ===================================
+______________________________ test_parse_size_b _______________________________
+    def test_parse_size_b():
+>       assert parse_size("512b") == 512
+E       ValueError: invalid literal for int() with base 10: '512b'
+=========================== 1 failed, 11 passed in 0.04s ==========================="""
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "version": {"type": "string"},
+        "dependencies": {"type": "array", "items": {"type": "string"}},
+        "license": {"type": "string"},
+    },
+    "required": ["name", "version", "dependencies"],
+}
+
+
+def call(name: str, arguments: Mapping[str, Any], i: int) -> dict[str, Any]:
+    return {
+        "id": f"call_{i}",
+        "type": "function",
+        "function": {"name": name, "arguments": dict(arguments)},
+    }
+
+
+@dataclass
+class Session:
+    """A conversation; every assistant message in `turns` is a point where we generate."""
+
+    name: str
+    turns: list[dict[str, Any]]
+    tools: bool = True
+    tool_choice: str = "auto"
+    response_format: str | None = None
+    thinking: bool | None = False
+    system: str = "You are a careful coding agent working in a Python repository."
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+
+SESSIONS: list[Session] = [
+    Session(
+        "fix-failing-test",
+        [
+            {
+                "role": "user",
+                "content": "The test suite fails. Find the bug in src/utils.py and fix it.",
+            },
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [call("run_shell", {"command": "python -m pytest -q"}, 1)],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": PYTEST_OUT},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [call("read_file", {"path": "src/utils.py"}, 2)],
+            },
+            {"role": "tool", "tool_call_id": "call_2", "content": UTILS_PY},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    call(
+                        "write_file",
+                        {
+                            "path": "src/utils.py",
+                            "content": UTILS_PY.replace(
+                                '"g": 1024 ** 3}', '"g": 1024 ** 3, "b": 1}'
+                            ),
+                        },
+                        3,
+                    )
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_3", "content": "ok"},
+            {
+                "role": "assistant",
+                "content": "The parser did not know the `b` suffix; I added it as a unit of one byte, so `parse_size('512b')` now returns 512.",
+            },
+        ],
+    ),
+    Session(
+        "explore-repo",
+        [
+            {"role": "user", "content": "Where is the retry logic for HTTP requests implemented?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [call("search_code", {"pattern": "def retry", "glob": "**/*.py"}, 1)],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "call_1",
+                "content": "src/http/client.py:41:def retry(fn, attempts=3, backoff=0.5):\nsrc/http/client.py:88:    @retry",
+            },
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [call("read_file", {"path": "src/http/client.py"}, 2)],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "call_2",
+                "content": "import time\n\n\ndef retry(fn, attempts=3, backoff=0.5):\n    def wrapper(*args, **kwargs):\n        for i in range(attempts):\n            try:\n                return fn(*args, **kwargs)\n            except OSError:\n                time.sleep(backoff * 2 ** i)\n        return fn(*args, **kwargs)\n    return wrapper\n",
+            },
+            {
+                "role": "assistant",
+                "content": "Retries live in `src/http/client.py`: `retry` wraps a function, catches `OSError` and sleeps `backoff * 2 ** i` between attempts, then makes one last unguarded call.",
+            },
+        ],
+    ),
+    Session(
+        "forced-tool",
+        [
+            {"role": "user", "content": "List the Python files under src/ with their sizes."},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    call("run_shell", {"command": "find src -name '*.py' -exec wc -c {} +"}, 1)
+                ],
+            },
+        ],
+        tool_choice="required",
+    ),
+    Session(
+        "package-json",
+        [
+            {
+                "role": "user",
+                "content": 'Read this and answer with the package metadata as JSON.\n\n[project]\nname = "toolflash"\nversion = "0.1.0"\ndependencies = ["mlx", "mlx-lm", "starlette"]\nlicense = "Apache-2.0"',
+            },
+            {
+                "role": "assistant",
+                "content": json.dumps(
+                    {
+                        "name": "toolflash",
+                        "version": "0.1.0",
+                        "dependencies": ["mlx", "mlx-lm", "starlette"],
+                        "license": "Apache-2.0",
+                    }
+                ),
+            },
+        ],
+        tools=False,
+        response_format="json_schema",
+    ),
+    Session(
+        "write-code",
+        [
+            {
+                "role": "user",
+                "content": "Write a Python function that merges two sorted lists into one sorted list.",
+            },
+            {
+                "role": "assistant",
+                "content": "```python\ndef merge(a, b):\n    out, i, j = [], 0, 0\n    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n            out.append(b[j]); j += 1\n    return out + a[i:] + b[j:]\n```",
+            },
+            {"role": "user", "content": "Now explain its complexity in two sentences."},
+            {
+                "role": "assistant",
+                "content": "Each element is appended once, so the merge runs in O(len(a) + len(b)) time. It builds a new list, so it also uses linear extra memory.",
+            },
+        ],
+        tools=False,
+    ),
+    Session(
+        "think-then-call",
+        [
+            {
+                "role": "user",
+                "content": "Check whether the config file config/app.yaml sets a debug flag.",
+            },
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [call("read_file", {"path": "config/app.yaml"}, 1)],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "call_1",
+                "content": "server:\n  port: 8080\n  debug: true\nlogging:\n  level: info\n",
+            },
+            {
+                "role": "assistant",
+                "content": "Yes: `server.debug` is `true` in config/app.yaml; set it to `false` for production.",
+            },
+        ],
+        thinking=True,
+    ),
+]
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    session: str
+    turn: int
+    prompt: tuple[int, ...]
+    request_class: RequestClass
+    json_output: bool
+    start_in_reasoning: bool
+
+
+def build_workload(engine: Any) -> list[WorkItem]:
+    """One request per assistant turn: the prompt is the conversation before it."""
+    items: list[WorkItem] = []
+    for s in SESSIONS:
+        history: list[dict[str, Any]] = [{"role": "system", "content": s.system}]
+        tools = TOOLS if s.tools else None
+        kwargs = {} if s.thinking is None else {"enable_thinking": s.thinking}
+        for i, message in enumerate(s.turns):
+            if message["role"] == "assistant":
+                prompt = engine.encode_chat(history, tools, kwargs)
+                cls = classify(
+                    tools_offered=tools is not None,
+                    tool_choice=s.tool_choice,
+                    response_format=s.response_format,
+                    enable_thinking=s.thinking,
+                    last_role=history[-1]["role"],
+                    prompt_tokens=len(prompt),
+                )
+                tail = engine.decode(prompt[-8:]).rstrip()
+                items.append(
+                    WorkItem(
+                        s.name,
+                        i,
+                        tuple(prompt),
+                        cls,
+                        s.response_format is not None,
+                        tail.endswith("<think>"),
+                    )
+                )
+            history.append(message)
+    return items
+
+
+# -- running ------------------------------------------------------------------------------------
+@dataclass
+class Result:
+    tokens: list[int]
+    decode_s: float
+    completion_tokens: int
+    cycles: int
+    spec_cycles: int
+    summary: dict[str, Any] | None = None
+
+
+def generate(
+    engine: Any, item: WorkItem, strategy: str, max_tokens: int, policy: AdaptivePolicy
+) -> Result:
+    controller: PolicyController | None = None
+    mode = "spec" if strategy == "spec" else "ar"  # "ar" and the "ar-again" control
+    if strategy == "adaptive":
+        mode = "spec"
+        controller = policy.controller_for(
+            engine.model_id,
+            item.request_class,
+            item.json_output,
+            start_in_reasoning=item.start_in_reasoning,
+        )
+    request = GenerationRequest(item.prompt, max_tokens, mode=mode)
+    tokens: list[int] = []
+    finish: FinishEvent | None = None
+    for event in engine.generate(request, None, controller):
+        if isinstance(event, TokenEvent):
+            if event.cycle is None and controller is not None and not tokens:
+                # The prefill's token is emitted before the engine calls `start`.
+                controller.observe_prefix(event.text)
+            tokens.extend(event.token_ids)
+        else:
+            finish = event
+    assert finish is not None
+    st = finish.stats
+    return Result(
+        tokens,
+        st.decode_s,
+        st.completion_tokens,
+        len(st.cycles),
+        st.spec_cycles,
+        controller.summary() if controller is not None else None,
+    )
+
+
+def class_name(cls: RequestClass) -> str:
+    """Reporting group: the label without its length band (every prompt here is short)."""
+    return cls.label.rsplit(".", 1)[0]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from toolflash.engine.factory import build_engine
+
+    engine = build_engine(args.model, args.draft, block_size=args.block_size)
+    workload = build_workload(engine)
+    state = Path(args.state_file) if args.state_file else Path(tempfile.mkdtemp()) / "state.json"
+    policy = AdaptivePolicy(PolicyConfig(args.policy or []), state_file=str(state))
+    # Warm up both paths (first calls compile and allocate); not measured.
+    warm = GenerationRequest(workload[0].prompt, 16)
+    for mode in ("spec", "ar"):
+        list(engine.generate(GenerationRequest(warm.prompt_tokens, 16, mode=mode)))
+
+    strategies = STRATEGIES + ((CONTROL,) if args.control else ())
+    rows: list[dict[str, Any]] = []
+    mismatches = 0
+    t0 = time.perf_counter()
+    n = 0
+    for rnd in range(args.rounds):
+        for item in workload:
+            k = n % len(strategies)
+            order = strategies[k:] + strategies[:k]
+            n += 1
+            results = {s: generate(engine, item, s, args.max_tokens, policy) for s in order}
+            if len({tuple(r.tokens) for r in results.values()}) != 1:
+                mismatches += 1
+            for s, r in results.items():
+                rows.append(
+                    {
+                        "round": rnd,
+                        "session": item.session,
+                        "turn": item.turn,
+                        "class": class_name(item.request_class),
+                        "label": item.request_class.label,
+                        "strategy": s,
+                        "prompt_tokens": len(item.prompt),
+                        "completion_tokens": r.completion_tokens,
+                        "decode_s": r.decode_s,
+                        "cycles": r.cycles,
+                        "spec_cycles": r.spec_cycles,
+                        "policy": r.summary,
+                    }
+                )
+    wall = time.perf_counter() - t0
+    policy.save()
+    return report(engine, args, rows, mismatches, wall, str(state), policy)
+
+
+def aggregate(
+    rows: Sequence[Mapping[str, Any]], key: str | None, statistic: str
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Per group and strategy: tokens, decode seconds and tok/s. `statistic` "sum" adds every
+    run; "median" takes each request's median decode time over the rounds (robust to other
+    processes' bursts on a shared machine) and adds those."""
+    runs: dict[tuple[str, str, str, int], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        group = r[key] if key else "overall"
+        runs.setdefault((group, r["strategy"], r["session"], r["turn"]), []).append(r)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (group, strategy, _, _), rs in runs.items():
+        cell = out.setdefault(group, {}).setdefault(strategy, {"tokens": 0, "decode_s": 0.0})
+        if statistic == "median":
+            cell["tokens"] += rs[0]["completion_tokens"]
+            cell["decode_s"] += statistics.median(r["decode_s"] for r in rs)
+        else:
+            cell["tokens"] += sum(r["completion_tokens"] for r in rs)
+            cell["decode_s"] += sum(r["decode_s"] for r in rs)
+    for strategies in out.values():
+        for cell in strategies.values():
+            cell["tok_s"] = cell["tokens"] / cell["decode_s"] if cell["decode_s"] > 0 else 0.0
+    return out
+
+
+def verdict(cells: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
+    best_fixed = max(cells["spec"]["tok_s"], cells["ar"]["tok_s"])
+    adaptive = cells["adaptive"]["tok_s"]
+    return {
+        "best_fixed": "spec" if cells["spec"]["tok_s"] >= cells["ar"]["tok_s"] else "ar",
+        "adaptive_vs_best_fixed": adaptive / best_fixed - 1.0 if best_fixed > 0 else 0.0,
+        "within_bar": adaptive >= best_fixed * (1.0 - BAR),
+        "beats_both": adaptive > best_fixed,
+    }
+
+
+def report(
+    engine: Any,
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    mismatches: int,
+    wall: float,
+    state: str,
+    policy: AdaptivePolicy,
+) -> dict[str, Any]:
+    import mlx.core as mx
+
+    per_class = aggregate(rows, "class", "median")
+    overall = aggregate(rows, None, "median")["overall"]
+    verdicts = {c: verdict(v) for c, v in per_class.items()}
+    total = verdict(overall)
+    noise = {
+        c: v[CONTROL]["tok_s"] / v["ar"]["tok_s"] - 1.0
+        for c, v in {**per_class, "overall": overall}.items()
+        if CONTROL in v and v["ar"]["tok_s"] > 0
+    }
+    return {
+        "benchmark": "agent_workload",
+        "model": engine.model_id,
+        "draft": engine.draft_id,
+        "block_size": engine.default_block_size,
+        "machine": {
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "mlx": getattr(mx, "__version__", "?"),
+            "device": str(mx.default_device()),
+        },
+        "rounds": args.rounds,
+        "max_tokens": args.max_tokens,
+        "requests": len(rows) // len(STRATEGIES),
+        "wall_s": wall,
+        "outputs_identical": mismatches == 0,
+        "mismatched_requests": mismatches,
+        "statistic": "per request, the median decode time over the rounds",
+        "per_class": per_class,
+        "overall": overall,
+        "all_runs": {
+            "per_class": aggregate(rows, "class", "sum"),
+            "overall": aggregate(rows, None, "sum")["overall"],
+        },
+        "noise_floor_ar_again_vs_ar": noise,
+        "verdict": {
+            "per_class": verdicts,
+            "overall": total,
+            "bar_met": all(v["within_bar"] for v in verdicts.values()) and total["beats_both"],
+        },
+        "policy_state": state,
+        "policy_counters": policy.counters(),
+        "rows": rows,
+    }
+
+
+def format_report(rep: Mapping[str, Any]) -> str:
+    lines = [
+        f"model {rep['model']}  draft {rep['draft']}  block {rep['block_size']}  "
+        f"{rep['requests']} requests x {len(STRATEGIES)} strategies, max_tokens {rep['max_tokens']}",
+        f"{'class':<34}{'spec tok/s':>11}{'ar tok/s':>10}{'adaptive':>10}{'vs best':>9}"
+        f"{'noise':>8}  bar",
+    ]
+    groups = {**rep["per_class"], "overall": rep["overall"]}
+    verdicts = {**rep["verdict"]["per_class"], "overall": rep["verdict"]["overall"]}
+    for name, cells in groups.items():
+        v = verdicts[name]
+        ok = v["beats_both"] if name == "overall" else v["within_bar"]
+        lines.append(
+            f"{name:<34}{cells['spec']['tok_s']:>11.1f}{cells['ar']['tok_s']:>10.1f}"
+            f"{cells['adaptive']['tok_s']:>10.1f}{v['adaptive_vs_best_fixed']:>+9.1%}"
+            f"{rep['noise_floor_ar_again_vs_ar'].get(name, float('nan')):>+8.1%}  "
+            f"{'ok' if ok else 'MISSED'}"
+        )
+    lines.append(
+        f"decode s: spec {rep['overall']['spec']['decode_s']:.2f}, ar "
+        f"{rep['overall']['ar']['decode_s']:.2f}, adaptive {rep['overall']['adaptive']['decode_s']:.2f}; "
+        f"outputs identical: {rep['outputs_identical']}; bar met: {rep['verdict']['bar_met']}"
+    )
+    return "\n".join(lines)
+
+
+def plot(rep: Mapping[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = {**rep["per_class"], "overall": rep["overall"]}
+    names = list(groups)
+    width = 0.27
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.6 * len(names)), 4.8))
+    for k, strategy in enumerate(STRATEGIES):
+        xs = [i + (k - 1) * width for i in range(len(names))]
+        ax.bar(xs, [groups[n][strategy]["tok_s"] for n in names], width, label=strategy)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("decode tokens / s")
+    ax.set_title(f"Agent workload: {rep['model']} (+ {rep['draft']}), block {rep['block_size']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="target (default: the embedded tiny pair)")
+    p.add_argument("--draft", default=None, help="DFlash drafter for --model")
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--rounds", type=int, default=3, help="passes over the workload")
+    p.add_argument(
+        "--no-control",
+        dest="control",
+        action="store_false",
+        help="skip the second AR run per request that measures the noise floor",
+    )
+    p.add_argument("--policy", nargs="*", help="extra policy YAML files")
+    p.add_argument("--state-file", default=None, help="policy state (default: fresh, cold start)")
+    p.add_argument("--out", default="benchmarks/results", help="folder for the JSON and PNG")
+    args = p.parse_args(argv)
+    rep = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "agent_workload.json").write_text(json.dumps(rep, indent=1))
+    plot(rep, out / "agent_workload.png")
+    print(format_report(rep))
+    print(f"wrote {out / 'agent_workload.json'} and {out / 'agent_workload.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
