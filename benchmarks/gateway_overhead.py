@@ -155,7 +155,9 @@ def overhead(direct: list[Run], http: list[Run]) -> dict[str, float]:
     }
 
 
-def concurrency(url: str, clients: int, per_client: int, max_tokens: int) -> dict[str, Any]:
+def concurrency(
+    url: str, prompts: list[str], clients: int, per_client: int, max_tokens: int
+) -> dict[str, Any]:
     runs: list[Run] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -164,7 +166,7 @@ def concurrency(url: str, clients: int, per_client: int, max_tokens: int) -> dic
         with httpx.Client(timeout=600) as c:
             for k in range(per_client):
                 try:
-                    run = http_run(c, url, PROMPTS[(i + k) % len(PROMPTS)], max_tokens, stream=True)
+                    run = http_run(c, url, prompts[(i + k) % len(prompts)], max_tokens, stream=True)
                 except Exception as exc:  # report, do not hide: 429s show up here
                     with lock:
                         errors.append(repr(exc))
@@ -235,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
 
-    work = [pr for pr in PROMPTS for _ in range(args.repeats)]
+    prompts = PROMPTS
+    if args.engine == "fake":  # the fake engine says what follows SCRIPT: (one token a char)
+        text = "lorem ipsum dolor sit amet " * (1 + args.max_tokens // 27)
+        prompts = [f"SCRIPT:{i} {text}"[: 7 + args.max_tokens] for i in range(len(PROMPTS))]
+    work = [pr for pr in prompts for _ in range(args.repeats)]
 
     def factory() -> Engine:
         if args.engine == "fake":
@@ -262,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         # so machine-load drift hits them alike.
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-            worker.call(lambda e: direct_run(e, PROMPTS[0], 4, args.mode)).result()  # warm-up
-            pool.submit(http_once, url, PROMPTS[0], 4, False).result()
+            worker.call(lambda e: direct_run(e, prompts[0], 4, args.mode)).result()  # warm-up
+            pool.submit(http_once, url, prompts[0], 4, False).result()
             for prompt in work:
                 direct.append(
                     worker.call(
@@ -274,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                 streamed.append(pool.submit(http_once, url, prompt, args.max_tokens, True).result())
             clients = [int(n) for n in args.clients.split(",")]
             conc = [
-                pool.submit(concurrency, url, n, args.per_client, args.max_tokens).result()
+                pool.submit(concurrency, url, prompts, n, args.per_client, args.max_tokens).result()
                 for n in clients
             ]
     finally:
