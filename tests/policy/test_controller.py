@@ -10,7 +10,7 @@ from toolflash.policy.config import PolicyConfig
 from toolflash.policy.controller import AdaptivePolicy
 from toolflash.policy.request_class import RequestClass
 
-from .fakes import FakeClock
+from .fakes import FakeClock, spec_record
 from .world import Trace, World, drive
 
 TOOLS = RequestClass(kind="tools", thinking="off", after_tool_result=False, length_band="lt1k")
@@ -162,3 +162,22 @@ def test_counters_and_persistence_across_restart(tmp_path: Path) -> None:
     trace = drive(ctrl, World(**WORLD), SCRIPT)  # type: ignore[arg-type]
     assert share(trace, "tool_call", "ar") > 0.8  # learned before the restart
     assert ctrl.probes <= 2
+
+
+def test_prefix_text_and_wall_timing(tmp_path: Path) -> None:
+    # The prefill's token opened a tool call: the first cycle is already inside it.
+    pol = AdaptivePolicy(PolicyConfig(), clock=FakeClock(), persist=False)
+    ctrl = pol.controller_for("m", TOOLS, False)
+    ctrl.observe_prefix("<tool_call>")
+    ctrl.start(300, 8)
+    assert ctrl.spans.kind == "tool_call"
+    # Wall timing: the time between steps, at most twice the cycle's own time.
+    ctrl.after_step(spec_record(0, 8, 0, 10.0), [0], "{")
+    stat = pol.model("m").estimates.cycle_s[("m", 8, 512)]
+    assert 0 < stat.mean < 1.0  # real elapsed time (microseconds), not the record's 10 s
+    first = stat.s1
+    ctrl._t_last -= 100.0  # a consumer that stalled for 100 s between two events
+    ctrl.after_step(spec_record(1, 8, 0, 0.01), [0], '"name"')
+    assert stat.count == 2
+    assert stat.s1 <= first + 0.02 + 1e-9  # the 100 s stall was clipped to 2 x 10 ms
+    assert pol.counters()["steps"][0]["labels"]["span"] == "tool_call"
