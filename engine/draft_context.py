@@ -1,9 +1,11 @@
 """The drafter's context: per-layer keys/values of fused target features, sink + rolling window.
 
 Invariant: the context covers every committed position strictly before the current block's
-first token (trimmed to the first `sink` positions plus the last `window` positions). Features
-arrive as raw concatenated target layer outputs (`pending`) and are fused and projected only
-when the drafter next runs, so target-only (AR) steps pay nothing for keeping it coherent.
+first token, trimmed to its first `sink` rows plus its last `window` rows. Features arrive as
+raw concatenated target layer outputs (`pending`) and are fused and projected only when the
+drafter next runs, so target-only (AR) steps pay nothing for keeping it coherent. Rows carry
+their absolute positions (RoPE and sliding-window masks use them), so a sparse prefill's
+context with gaps is represented exactly.
 """
 
 from __future__ import annotations
@@ -18,14 +20,14 @@ from .state import DraftState
 
 @dataclass(frozen=True)
 class DraftWindow:
-    """How much context the drafter attends to: the first `sink` positions and the last
-    `window` positions (dflash-mlx's defaults: 64 + 1024). window=None keeps everything."""
+    """How much context the drafter attends to: the first `sink` rows and the last `window`
+    rows (dflash-mlx's defaults: 64 + 1024). window=None keeps everything."""
 
     sink: int = 64
     window: int | None = 1024
 
     def keeps(self, total: int) -> list[tuple[int, int]]:
-        """Position ranges [start, end) retained out of `total` positions."""
+        """Row ranges [start, end) retained out of `total` rows."""
         if self.window is None or total <= self.sink + self.window:
             return [(0, total)]
         return [(0, self.sink), (total - self.window, total)]
@@ -39,18 +41,27 @@ class DraftContext:
         self.window = window
         self.keys: list[mx.array | None] = [None] * len(drafter.layers)
         self.values: list[mx.array | None] = [None] * len(drafter.layers)
-        self.covered = 0  # positions [0, covered) have been appended (some may be trimmed)
-        self._pending: list[mx.array] = []
+        self.covered = 0  # one past the last position appended
+        self._rows = 0  # rows seen (before trimming), i.e. `covered` for dense sessions
+        self._row_positions: list[int] = []  # absolute position of each retained row
+        self._pending: list[tuple[int, mx.array]] = []
         self._pending_rows = 0
 
     @property
     def positions(self) -> int:
-        """Positions the context will cover once pending features are absorbed."""
-        return self.covered + self._pending_rows
+        """The next position the context expects (dense sessions: rows covered)."""
+        if self._pending:
+            start, feats = self._pending[-1]
+            return start + int(feats.shape[1])
+        return self.covered
 
-    def add_features(self, features: mx.array) -> None:
-        """Queue raw target features [1, T, n*H] of the next T committed positions."""
-        self._pending.append(features)
+    def add_features(self, features: mx.array, start: int | None = None) -> None:
+        """Queue raw target features [1, T, n*H] of T committed positions from `start`
+        (default: right after the last ones)."""
+        start = self.positions if start is None else start
+        if start < self.positions:
+            raise ValueError(f"features at {start} go backwards (context at {self.positions})")
+        self._pending.append((start, features))
         self._pending_rows += int(features.shape[1])
         if self.window.window is not None and self._pending_rows > self.window.sink + (
             self.window.window
@@ -59,42 +70,45 @@ class DraftContext:
             self.absorb()
 
     def absorb(self) -> list[tuple[mx.array, mx.array]]:
-        """Fuse and project pending features into the per-layer K/V; returns the K/V."""
-        if self._pending:
-            feats = (
-                self._pending[0]
-                if len(self._pending) == 1
-                else mx.concatenate(self._pending, axis=1)
-            )
-            start = self.covered
-            total = start + int(feats.shape[1])
+        """Fuse and project pending features into the per-layer K/V; returns the K/V. Rows the
+        window would drop right away are never projected."""
+        for start, feats in self._pending:
+            n = int(feats.shape[1])
+            base = self._rows
+            total = base + n
             new_k: list[list[mx.array]] = [[] for _ in self.drafter.layers]
             new_v: list[list[mx.array]] = [[] for _ in self.drafter.layers]
-            for s, e in self.window.keeps(total):
-                s = max(s, start)
-                if e <= s:
+            for r0, r1 in self.window.keeps(total):
+                r0 = max(r0, base)
+                if r1 <= r0:
                     continue
-                fused = self.drafter.fuse(feats[:, s - start : e - start])
-                for i, (k, v) in enumerate(self.drafter.context_kv(fused, s)):
+                fused = self.drafter.fuse(feats[:, r0 - base : r1 - base])
+                for i, (k, v) in enumerate(self.drafter.context_kv(fused, start + r0 - base)):
                     new_k[i].append(k)
                     new_v[i].append(v)
+                self._row_positions.extend(range(start + r0 - base, start + r1 - base))
             for i in range(len(self.drafter.layers)):
                 self.keys[i] = _append(self.keys[i], new_k[i])
                 self.values[i] = _append(self.values[i], new_v[i])
-            self.covered = total
-            self._pending, self._pending_rows = [], 0
+            self._rows = total
+            self.covered = start + n
             self._trim()
+        self._pending, self._pending_rows = [], 0
         return [(k, v) for k, v in zip(self.keys, self.values) if k is not None and v is not None]
 
     def export_state(self) -> DraftState:
         """The context with pending features absorbed (so the state is self-contained)."""
         self.absorb()
+        if self._row_positions != [
+            p for s, e in self.window.keeps(self.covered) for p in range(s, e)
+        ]:
+            raise ValueError("a drafter context with position gaps is not a dense state")
         keys = tuple(k for k in self.keys if k is not None)
         values = tuple(v for v in self.values if v is not None)
         return DraftState(keys, values, self.covered, self.window.sink, self.window.window)
 
     def load_state(self, state: DraftState) -> None:
-        """Resume from `state`; it must have been made with this drafter's window."""
+        """Resume from a dense `state`; it must have been made with this drafter's window."""
         if (state.sink, state.window) != (self.window.sink, self.window.window):
             raise ValueError(
                 f"drafter context made with sink/window {state.sink}/{state.window}, "
@@ -104,26 +118,26 @@ class DraftContext:
             raise ValueError("drafter context state has another number of layers")
         if state.keys:
             self.keys, self.values = list(state.keys), list(state.values)
-        self.covered = state.covered
+        self.covered = self._rows = state.covered
+        self._row_positions = [p for s, e in self.window.keeps(state.covered) for p in range(s, e)]
         self._pending, self._pending_rows = [], 0
 
     def positions_array(self) -> mx.array:
         """Absolute positions of the retained context rows (after `absorb`)."""
-        return mx.concatenate([mx.arange(s, e) for s, e in self.window.keeps(self.covered)])
+        return mx.array(self._row_positions, dtype=mx.int32)
 
     def _trim(self) -> None:
         w = self.window
-        if w.window is None:
-            return
         keys0 = self.keys[0]
-        if keys0 is None or keys0.shape[2] <= w.sink + w.window:
+        if w.window is None or keys0 is None or keys0.shape[2] <= w.sink + w.window:
             return
-        sink = min(w.sink, self.covered)
+        sink = w.sink
         for i in range(len(self.keys)):
             k, v = self.keys[i], self.values[i]
             assert k is not None and v is not None
             self.keys[i] = mx.concatenate([k[:, :, :sink], k[:, :, -w.window :]], axis=2)
             self.values[i] = mx.concatenate([v[:, :, :sink], v[:, :, -w.window :]], axis=2)
+        self._row_positions = self._row_positions[:sink] + self._row_positions[-w.window :]
 
 
 def _append(existing: mx.array | None, parts: list[mx.array]) -> mx.array | None:

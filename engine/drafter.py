@@ -335,9 +335,7 @@ class DFlashDrafter(nn.Module):
             layer_mask = mask
             if mask is None and layer.sliding_window is not None:
                 assert isinstance(offset, int), "sliding layers need an int block offset"
-                layer_mask = sliding_mask(
-                    offset, h.shape[1], ctx_positions, layer.sliding_window
-                )
+                layer_mask = sliding_mask(offset, h.shape[1], ctx_positions, layer.sliding_window)
             h = layer(h, offset, k, v, layer_mask)
         return self.norm(h)
 

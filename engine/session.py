@@ -22,8 +22,9 @@ from .api import CycleRecord, Mode
 from .draft_context import DraftContext, DraftWindow
 from .drafter import DFlashDrafter
 from .host import host_int, host_ints
+from .sparse import Lineage, SparseLineageError, SparseSelection
 from .state import SessionState, export_cache, restore_cache
-from .targets.base import TargetAdapter
+from .targets.base import TargetAdapter, cache_offset
 
 # Given the tokens a step is about to commit, the index of the last one to emit when the
 # generation must end inside them (EOS, stop string, limit), else None.
@@ -65,6 +66,10 @@ class GenerationSession:
         self.cycles = 0
         self.last_logits: mx.array | None = None  # target logits at the last fed position
         self._prefilled: list[int] = []
+        # Sparse sessions keep fewer tokens in the cache than their true positions; attention
+        # rotates at cache length + shift. Their state is never reusable (lineage "sparse").
+        self.lineage: Lineage = "dense"
+        self.position_shift = 0
 
     @property
     def staged(self) -> int:
@@ -107,20 +112,61 @@ class GenerationSession:
         self.fed = len(prompt)
         return first
 
-    def _prefill_chunk(self, tokens: Sequence[int]) -> None:
+    def _prefill_chunk(self, tokens: Sequence[int], position: int | None = None) -> None:
+        """Feed `tokens` (at true position `position`; default: right after the cache)."""
         chunk = mx.array([list(tokens)])
-        res = self.target.forward(chunk, self.cache, self.capture, last_logits_only=True)
+        res = self.target.forward(
+            chunk,
+            self.cache,
+            self.capture,
+            last_logits_only=True,
+            position_shift=self.position_shift,
+        )
         self.last_logits = res.logits[0, -1]
         self._prefilled.extend(tokens)
         if self.draft_ctx is not None and res.features is not None:
-            self.draft_ctx.add_features(res.features)
+            self.draft_ctx.add_features(res.features, position)
             mx.eval(self.last_logits, res.features)
         else:
             mx.eval(self.last_logits)
 
+    def sparse_prefill(
+        self,
+        prompt: Sequence[int],
+        selection: SparseSelection,
+        restore: SessionState | None = None,
+    ) -> int:
+        """Prefill only the selected chunks of `prompt`, each at its true positions (RoPE and
+        drafter context at the original positions), and commit the first token. `restore` may
+        supply a dense prefix that ends at or before the first dropped position. The session
+        becomes lineage "sparse": nothing it computes is ever published for reuse."""
+        start = 0
+        if restore is not None:
+            if tuple(prompt[: len(restore.tokens)]) != restore.tokens:
+                raise ValueError("restored state is not a prefix of the prompt")
+            start = len(restore.tokens)
+        ranges = selection.validate(len(prompt), start)
+        if restore is not None:
+            self.load_state(restore)
+        self.lineage = "sparse"
+        for lo, hi in ranges:
+            for pos in range(lo, hi, self.prefill_chunk):
+                end = min(pos + self.prefill_chunk, hi)
+                self.position_shift = pos - cache_offset(self.cache)
+                self._prefill_chunk(prompt[pos:end], pos)
+        self.position_shift = len(prompt) - cache_offset(self.cache)
+        assert self.last_logits is not None
+        first = host_int(mx.argmax(self.last_logits))
+        self.tokens = [*prompt, first]
+        self.fed = len(prompt)
+        return first
+
     # -- state -------------------------------------------------------------------------
     def export_state(self) -> SessionState:
-        """The state after every token fed so far (prefill or decode)."""
+        """The state after every token fed so far (prefill or decode). Dense sessions only:
+        a sparse-prefill state must never be reused by a dense request."""
+        if self.lineage != "dense":
+            raise SparseLineageError("a sparse-prefill session has no reusable state")
         assert self.last_logits is not None
         fed = tuple(self._prefilled) if not self.tokens else tuple(self.tokens[: self.fed])
         draft = self.draft_ctx.export_state() if self.draft_ctx is not None else None
@@ -147,7 +193,9 @@ class GenerationSession:
 
     def _ar_step(self, stop_check: StopCheck) -> StepResult:
         t0 = time.perf_counter()
-        res = self.target.forward(mx.array([[self.staged]]), self.cache, self.capture)
+        res = self.target.forward(
+            mx.array([[self.staged]]), self.cache, self.capture, position_shift=self.position_shift
+        )
         self.last_logits = res.logits[0, -1]
         nxt = mx.argmax(self.last_logits)
         if self.draft_ctx is not None and res.features is not None:
@@ -167,7 +215,13 @@ class GenerationSession:
         t1 = time.perf_counter()
 
         verify_in = mx.concatenate([mx.array([[self.staged]]), draft], axis=1)
-        res = self.target.forward(verify_in, self.cache, self.capture, keep_tape=True)
+        res = self.target.forward(
+            verify_in,
+            self.cache,
+            self.capture,
+            keep_tape=True,
+            position_shift=self.position_shift,
+        )
         choice = mx.argmax(res.logits[0], axis=-1)
         accepted_arr = greedy_acceptance(draft[0], choice)
         mx.eval(choice, accepted_arr)

@@ -51,9 +51,11 @@ class TargetAdapter(Protocol):
         capture: Sequence[int] = (),
         keep_tape: bool = False,
         last_logits_only: bool = False,
+        position_shift: int = 0,
     ) -> ForwardResult:
         """Run tokens [1, T] through the target, appending to `cache`; capture the outputs
-        of decoder layers `capture`; with `keep_tape`, keep what `rollback` needs."""
+        of decoder layers `capture`; with `keep_tape`, keep what `rollback` needs. A nonzero
+        `position_shift` rotates attention at cache length + shift (sparse sessions)."""
         ...
 
     def rollback(self, cache: list[Any], result: ForwardResult, keep: int) -> None:

@@ -10,6 +10,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
 from .base import ForwardResult
+from .positional import qwen3_attention_at
 
 
 class Qwen3Target:
@@ -44,12 +45,18 @@ class Qwen3Target:
         capture: Sequence[int] = (),
         keep_tape: bool = False,
         last_logits_only: bool = False,
+        position_shift: int = 0,
     ) -> ForwardResult:
         h = self.embed(tokens)
         mask = create_attention_mask(h, cache[0])
         captured = []
         for i, (layer, c) in enumerate(zip(self.inner.layers, cache)):
-            h = layer(h, mask, c)
+            if position_shift:
+                x = layer.input_layernorm(h)
+                h = h + qwen3_attention_at(layer.self_attn, x, mask, c, position_shift)
+                h = h + layer.mlp(layer.post_attention_layernorm(h))
+            else:
+                h = layer(h, mask, c)
             if i in capture:
                 captured.append(h)
         if last_logits_only:

@@ -23,6 +23,7 @@ from mlx_lm.models.gated_delta import compute_g, normalize_qk
 from toolflash.kernels import gated_delta
 
 from .base import ForwardResult
+from .positional import qwen3_next_attention_at
 from .qwen3 import _concat_in_order
 
 
@@ -108,6 +109,7 @@ class Qwen35Target:
         capture: Sequence[int] = (),
         keep_tape: bool = False,
         last_logits_only: bool = False,
+        position_shift: int = 0,
     ) -> ForwardResult:
         h = self.embed(tokens)
         mask = create_attention_mask(h, cache[self.first_attention])
@@ -119,6 +121,8 @@ class Qwen35Target:
                 r, layer_tape = gated_delta_forward(layer.linear_attn, x, c, keep_tape)
                 if layer_tape is not None:
                     tape[i] = layer_tape
+            elif position_shift:
+                r = qwen3_next_attention_at(layer.self_attn, x, mask, c, position_shift)
             else:
                 r = layer.self_attn(x, mask, c)
             h = h + r
