@@ -232,11 +232,13 @@ class PolicyController:
             return self._set(arm, kind, reason, new_span)
         if self.probe is None:
             rule = self.policy.rule(self.label, span)
-            if self.dwell >= self.min_dwell and self.steps % self.recheck_every == 0:
+            recheck = self.steps % self.recheck_every == 0
+            if recheck and self.dwell >= self.min_dwell:
                 arm, reason, kind = self._choose(rule, span, self.arm)
                 if arm != self.arm:
                     return self._set(arm, "recheck", reason, span)
-            if self.budget > 0 and rule.mode != "ar":
+            # Exploration is considered once an arm has settled, then at each recheck.
+            if (recheck or self.dwell == self.min_dwell) and self.budget > 0 and rule.mode != "ar":
                 self._maybe_probe(rule, span)
         return self._decision()
 

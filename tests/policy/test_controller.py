@@ -61,8 +61,8 @@ def test_ar_inside_tool_calls_spec_in_text(tmp_path: Path) -> None:
     assert share(last, "text", "spec") > 0.9
     assert traces[-1].seconds < traces[0].seconds  # learning pays
     # In text the best block is 8 (6 tokens / 10 ms beats 4 / 8 ms and 2 / 6.5 ms).
-    text_blocks = {b for s, m, b in last.steps if s == "text" and m == "spec"}
-    assert text_blocks == {8}
+    text_blocks = [b for s, m, b in last.steps if s == "text" and m == "spec"]
+    assert text_blocks.count(8) / len(text_blocks) > 0.9  # others are probes
     # Every switch is explained: entering a call goes to AR, leaving it back to spec.
     summary = ctrl.summary()
     json.dumps(summary)
