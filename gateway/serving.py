@@ -22,7 +22,14 @@ from toolflash.engine.api import (
 )
 from toolflash.gateway.config import GatewayConfig
 from toolflash.gateway.decisions import DecisionLog
-from toolflash.gateway.errors import BadRequest, ModelNotFound, NotReady, PayloadTooLarge
+from toolflash.gateway.errors import (
+    BadRequest,
+    GatewayError,
+    ModelNotFound,
+    NotReady,
+    PayloadTooLarge,
+    to_gateway_error,
+)
 from toolflash.gateway.metrics import GatewayMetrics, RequestOutcome
 from toolflash.gateway.protocol import Decision, Timings, ToolflashInfo
 from toolflash.gateway.status import LiveStatus, RequestRecord
@@ -161,10 +168,22 @@ class RequestRun:
         return self.job
 
     async def wait_prepared(self) -> Prepared:
-        """Wait for tokenization on the worker; raises what preparation raised."""
+        """Wait for tokenization on the worker; raises what preparation raised, recorded."""
         assert self.job is not None
-        self.prepared = await self.job.wait_prepared()
+        try:
+            self.prepared = await self.job.wait_prepared()
+        except Exception as exc:
+            raise self.fail(exc) from exc
         return self.prepared
+
+    def fail(self, exc: BaseException) -> GatewayError:
+        """Record a failure of this request and return the error to raise (once recorded, the
+        route's error handler does not count or log it again)."""
+        err = to_gateway_error(exc)
+        self.outcome = "cancelled" if err.status == 499 else "error"
+        self.record(status=err.status, error=err.message)
+        err.recorded = True
+        return err
 
     def token_seen(self) -> None:
         if self.first_token_at is None:

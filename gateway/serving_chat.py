@@ -200,14 +200,7 @@ async def create_chat_completion(request: Request) -> Response:
     job = run.submit(chat_preparer(req, ctx.config, run.request_id, ctx.controller_factory))
     watcher = asyncio.create_task(watch_disconnect(request, job))
     try:
-        try:
-            prepared = await run.wait_prepared()
-        except Exception as exc:
-            err = to_gateway_error(exc)
-            run.outcome = "cancelled" if err.status == 499 else "error"
-            run.record(status=err.status, error=err.message)
-            err.recorded = True
-            raise err from exc
+        prepared = await run.wait_prepared()
         tools = offered_tools(req)
         output = ChatOutput(
             parser=get_parser(engine.tool_call_format) if tools else None,
@@ -278,11 +271,7 @@ async def complete_chat(run: RequestRun, output: ChatOutput) -> Response:
         async for deltas in _drive(run, output):
             fold.add(deltas)
     except Exception as exc:
-        err = to_gateway_error(exc)
-        run.outcome = "error"
-        run.record(status=err.status, error=err.message)
-        err.recorded = True
-        raise err from exc
+        raise run.fail(exc) from exc
     if run.outcome != "cancelled":
         run.outcome = "success"
     msg = fold.message()

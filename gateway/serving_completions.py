@@ -133,14 +133,7 @@ async def create_completion(request: Request) -> Response:
     job = run.submit(completion_preparer(req, ctx.config, run.request_id, ctx.controller_factory))
     watcher = asyncio.create_task(watch_disconnect(request, job))
     try:
-        try:
-            prepared = await run.wait_prepared()
-        except Exception as exc:
-            err = to_gateway_error(exc)
-            run.outcome = "cancelled" if err.status == 499 else "error"
-            run.record(status=err.status, error=err.message)
-            err.recorded = True
-            raise err from exc
+        prepared = await run.wait_prepared()
         if req.stream:
             watcher.cancel()
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -154,11 +147,7 @@ async def create_completion(request: Request) -> Response:
             async for piece in _texts(run):
                 text += piece
         except Exception as exc:
-            err = to_gateway_error(exc)
-            run.outcome = "error"
-            run.record(status=err.status, error=err.message)
-            err.recorded = True
-            raise err from exc
+            raise run.fail(exc) from exc
         if run.outcome == "pending":
             run.outcome = "success"
         body_out = Completion(

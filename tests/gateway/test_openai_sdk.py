@@ -224,7 +224,7 @@ def test_parallel_tool_calls_false_keeps_one_and_stops() -> None:
     script = (
         hermes_call("read_file", {"path": "a"}) + "\n" + hermes_call("read_file", {"path": "b"})
     )
-    with serve(FakeEngine(cycle_delay_s=0.005)) as served:
+    with serve(FakeEngine(cycle_delay_s=0.01)) as served:
         r = served.client().chat.completions.create(
             model="fake-model",
             messages=user("SCRIPT:" + script),

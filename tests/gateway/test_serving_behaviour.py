@@ -74,7 +74,7 @@ def test_queue_full_gives_429_with_retry_after_and_fifo() -> None:
             order.append(name)
 
         short = {"model": "fake-model", "messages": [{"role": "user", "content": "SCRIPT:ok"}]}
-        a = threading.Thread(target=call, args=("a", {**LONG, "max_tokens": 60}))
+        a = threading.Thread(target=call, args=("a", {**LONG, "max_tokens": 300}))
         a.start()
         assert wait_for(engine.active.is_set)
         b = threading.Thread(target=call, args=("b", short))
@@ -96,22 +96,14 @@ def test_queue_full_gives_429_with_retry_after_and_fifo() -> None:
 def test_status_shows_current_request() -> None:
     engine = FakeEngine(cycle_delay_s=0.01)
     with serve(engine) as s:
-        t = threading.Thread(
-            target=httpx.post,
-            args=(f"{s.v1}/chat/completions",),
-            kwargs={"json": {**LONG, "max_tokens": 40}, "timeout": 10},
-        )
-        t.start()
-        assert wait_for(engine.active.is_set)
-        assert wait_for(
-            lambda: (
-                (httpx.get(f"{s.v1}/status").json()["current"] or {}).get("completion_tokens", 0)
-                > 0
-            )
-        )
-        current = httpx.get(f"{s.v1}/status").json()["current"]
-        assert current["mode"] == "spec" and current["request_class"].startswith("chat.")
-        t.join()
+        with httpx.stream("POST", f"{s.v1}/chat/completions", json={**LONG, "stream": True}) as r:
+            lines = r.iter_lines()
+            for _ in range(3):
+                next(lines)
+            current = httpx.get(f"{s.v1}/status").json()["current"]
+            assert current is not None and current["completion_tokens"] > 0
+            assert current["mode"] == "spec" and current["request_class"].startswith("chat.")
+            assert current["prompt_tokens"] > 0 and not current["cancelled"]
 
 
 def test_api_key_enforced() -> None:
