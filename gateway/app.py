@@ -81,6 +81,21 @@ async def list_models(request: Request) -> Response:
     return JSONResponse(ModelList(data=cards).model_dump(mode="json"))
 
 
+async def retrieve_model(request: Request) -> Response:
+    ctx = gateway(request)
+    name = request.path_params["model"]
+    engine = ctx.engine()
+    if name not in ctx.model_names():
+        ctx.resolve_model(name)  # raises the 404
+    card = ModelCard(
+        id=name,
+        created=int(ctx.status.started_at),
+        context_length=engine.context_length,
+        draft=engine.draft_id,
+    )
+    return JSONResponse(card.model_dump(mode="json"))
+
+
 async def health(request: Request) -> Response:
     worker = gateway(request).worker
     body: dict[str, Any] = {"status": worker.state}
@@ -186,6 +201,7 @@ def create_app(
         Route("/v1/chat/completions", api_route(create_chat_completion), methods=["POST"]),
         Route("/v1/completions", api_route(create_completion), methods=["POST"]),
         Route("/v1/models", api_route(list_models), methods=["GET"]),
+        Route("/v1/models/{model:path}", api_route(retrieve_model), methods=["GET"]),
         Route("/v1/status", api_route(status), methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

@@ -13,6 +13,7 @@ from toolflash.gateway.protocol import (
     Completion,
     CompletionRequest,
     ErrorResponse,
+    ModelCard,
     ModelList,
 )
 
@@ -76,6 +77,7 @@ def openapi_document(version: str) -> dict[str, Any]:
         CompletionRequest,
         Completion,
         ModelList,
+        ModelCard,
         ErrorResponse,
     ]
     _, defs = models_json_schema(
@@ -89,6 +91,26 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/v1/chat/completions": _post("Chat completion", ChatCompletionRequest, ChatCompletion),
             "/v1/completions": _post("Text completion", CompletionRequest, Completion),
             "/v1/models": _get("Served models", _ref(ModelList)),
+            "/v1/models/{model}": {
+                "get": {
+                    "summary": "One served model",
+                    "parameters": [
+                        {
+                            "name": "model",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "ok",
+                            "content": {"application/json": {"schema": _ref(ModelCard)}},
+                        },
+                        **_errors(404),
+                    },
+                }
+            },
             "/health": _get("Readiness (503 while loading)", {"type": "object"}),
             "/v1/status": _get("Live status", {"type": "object"}),
             "/metrics": _get("Prometheus metrics", {"type": "string"}, "text/plain"),

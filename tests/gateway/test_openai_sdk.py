@@ -364,6 +364,13 @@ def test_models(served: Served) -> None:
     models = served.client().models.list()
     assert [m.id for m in models.data] == ["fake-model"]
     assert models.data[0].model_extra["context_length"] == 4096
+    assert served.client().models.retrieve("fake-model").id == "fake-model"
+    try:
+        served.client().models.retrieve("org/other")
+    except openai.NotFoundError as e:
+        assert e.body["code"] == "model_not_found"
+    else:
+        raise AssertionError("expected 404")
 
 
 def test_health_status_metrics(served: Served) -> None:

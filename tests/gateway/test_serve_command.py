@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +132,22 @@ def test_load_failure_stops_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
     server, failed = serve.build_server(parse("--port", str(port)))
     server.run()  # returns by itself once the load fails
     assert [str(e) for e in failed] == ["no weights"]
+
+
+def test_yaml_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TOOLFLASH_API_KEY", raising=False)
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(
+        "model: org/target\nmax-queue: 4\nmode: ar\nserved_model_name: [a, b]\nport: 9000\n"
+    )
+    args = serve.apply_config(parse("--port", "8123", "--config", str(cfg)), str(cfg))
+    assert (args.model, args.max_queue, args.mode, args.port) == ("org/target", 4, "ar", 8123)
+    assert args.served_model_name == ["a", "b"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("mode: turbo\n")
+    with pytest.raises(ValueError, match="turbo"):
+        serve.apply_config(parse(), str(bad))
+    bad.write_text("nonsense: 1\n")
+    with pytest.raises(ValueError, match="unknown option"):
+        serve.apply_config(parse(), str(bad))
+    assert serve.run(parse("--config", str(bad))) == 2

@@ -51,6 +51,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-format", choices=("json", "console"), default="json")
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="YAML file with any of these options (keys like max_queue or max-queue); "
+        "flags given on the command line win",
+    )
+
+
+def apply_config(args: argparse.Namespace, path: str) -> argparse.Namespace:
+    """Fill options from a YAML mapping; values go through the same parser (types, choices),
+    and an option set on the command line (differing from its default) keeps its value."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of option names to values")
+    parser = argparse.ArgumentParser(prog="toolflash serve", exit_on_error=False)
+    add_arguments(parser)
+    defaults = vars(parser.parse_args([]))
+    argv: list[str] = []
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in defaults or name == "config":
+            raise ValueError(f"{path}: unknown option {key!r}")
+        for item in value if isinstance(value, list) else [value]:
+            argv += [f"--{name.replace('_', '-')}", str(item)]
+    try:
+        from_file = vars(parser.parse_args(argv))
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    merged = vars(args).copy()
+    for key in data:
+        name = str(key).replace("-", "_")
+        if merged.get(name) == defaults[name]:
+            merged[name] = from_file[name]
+    return argparse.Namespace(**merged)
 
 
 def is_loopback(host: str) -> bool:
@@ -115,6 +155,12 @@ def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
 def run(args: argparse.Namespace) -> int:
     from toolflash.gateway.logs import configure_logging
 
+    if args.config:
+        try:
+            args = apply_config(args, args.config)
+        except (OSError, ValueError) as exc:
+            print(f"toolflash serve: {exc}", file=sys.stderr)
+            return 2
     if not is_loopback(args.host) and not args.api_key:
         print(
             f"toolflash serve: binding {args.host} (not loopback) requires --api-key "
