@@ -412,3 +412,34 @@ def test_sdk_error_types(served: Served) -> None:
         assert "n > 1" in e.body["message"]
     else:
         raise AssertionError("expected 400")
+
+
+def test_agent_round_trip_with_our_own_tool_calls(served: Served) -> None:
+    """A response's tool call (and a cut one) goes back into the history as clients send it."""
+    c = served.client()
+    first = c.chat.completions.create(
+        model="fake-model",
+        messages=user("SCRIPT:" + hermes_call("read_file", {"path": "a.py"})),
+        tools=[READ_TOOL],
+    )
+    call = first.choices[0].message.tool_calls[0]
+    history = [
+        {"role": "user", "content": "read a.py"},
+        first.choices[0].message.model_dump(exclude_none=True, exclude={"reasoning_content"}),
+        {"role": "tool", "tool_call_id": call.id, "content": "x = 1"},
+    ]
+    second = c.chat.completions.create(model="fake-model", messages=history, tools=[READ_TOOL])
+    assert second.choices[0].message.content == "Tool said: x = 1"
+    rendered = served.engine.last_chat[0]
+    assert rendered[1]["tool_calls"][0] == {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": "read_file", "arguments": {"path": "a.py"}},
+    }
+    # A call that was cut by max_tokens has unparsable arguments: it is replayed as a string.
+    history[1]["tool_calls"][0]["function"]["arguments"] = '{"path": "a.p'
+    third = c.chat.completions.create(model="fake-model", messages=history, tools=[READ_TOOL])
+    assert third.choices[0].finish_reason == "stop"
+    assert (
+        served.engine.last_chat[0][1]["tool_calls"][0]["function"]["arguments"] == '{"path": "a.p'
+    )
