@@ -167,7 +167,8 @@ def format_report(report: Mapping[str, Any]) -> str:
 
 
 def load_prompts(path: str) -> list[BenchPrompt]:
-    """Prompts from a JSONL file of {"kind", "messages", "tools"?, "template_kwargs"?}."""
+    """Prompts from a JSONL file of chat requests with a kind:
+    {"kind", "messages", "tools"?, "chat_template_kwargs"?}."""
     out = []
     with open(path) as f:
         for line in f:
@@ -178,7 +179,7 @@ def load_prompts(path: str) -> list[BenchPrompt]:
                         kind=d["kind"],
                         messages=d["messages"],
                         tools=d.get("tools"),
-                        template_kwargs=d.get("template_kwargs") or {},
+                        template_kwargs=d.get("chat_template_kwargs") or {},
                     )
                 )
     return out
