@@ -11,7 +11,8 @@ Rules shared by all formats (see design-notes: what agent clients do with bad to
 - after the header, arguments stream as they are validated; a span that breaks later (or is cut by
   the end of generation) is closed with `ok=False` so callers can flag it and not finish with
   "tool_calls";
-- whitespace directly around a call is dropped (it is template glue, not text).
+- whitespace directly around a call is dropped (it is template glue, not text); a rejected
+  span keeps it, so a generation without calls comes back exactly as the model wrote it.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ class SpanScanner(ABC):
         self._buf = ""
         self._in_span = False
         self._strip_leading = False
+        self._span_ws = ""
         self._calls = 0
 
     # -- subclass interface -------------------------------------------------------------
@@ -169,6 +171,7 @@ class SpanScanner(ABC):
         if self._in_span:
             self._span_finish(out)
             self._in_span = False
+            self._span_ended(out)
         else:
             self._emit_text(self._buf, out, before_call=False)
         self._buf = ""
@@ -182,12 +185,16 @@ class SpanScanner(ABC):
                 if used is None:
                     return
                 self._in_span = False
-                self._strip_leading = True
+                self._span_ended(out)
                 self._buf = text[used:]
                 continue
             i = self._buf.find(START_TAG)
             if i >= 0:
-                self._emit_text(self._buf[:i], out, before_call=True)
+                content = self._buf[:i]
+                body = content.rstrip()
+                self._emit_text(body, out, before_call=True)
+                # Kept aside: glue if the span is a call, text if it is rejected.
+                self._span_ws = "" if self._strip_leading else content[len(body) :]
                 self._buf = self._buf[i + len(START_TAG) :]
                 self._in_span = True
                 self._span_begin()
@@ -198,6 +205,15 @@ class SpanScanner(ABC):
             self._emit_text(body, out, before_call=False)
             self._buf = self._buf[len(body) :]
             return
+
+    def _span_ended(self, out: list[Piece]) -> None:
+        """A rejected span is text: it keeps the whitespace around it. A call drops it."""
+        if out and isinstance(out[-1], SpanRejected):
+            if self._span_ws:
+                out.insert(len(out) - 1, TextPiece(self._span_ws))
+            self._strip_leading = False
+        else:
+            self._strip_leading = True
 
     def _emit_text(self, text: str, out: list[Piece], *, before_call: bool) -> None:
         if self._strip_leading:
