@@ -112,6 +112,17 @@ class ChatOutput:
         self.rejected: list[dict[str, Any]] = []
         self.stop_requested = False
 
+    def results(self) -> tuple[str, ...]:
+        """How each tool-call span turned out, for metrics."""
+        out: list[str] = []
+        for r in self.reports:
+            if not r.parsed:
+                out.append("truncated" if r.error == "truncated" else "malformed")
+            else:
+                out.append("valid" if r.schema_valid is not False else "schema_invalid")
+        out += [str(r["reason"]) for r in self.rejected]
+        return tuple(out)
+
     @property
     def valid_calls(self) -> int:
         return sum(1 for r in self.reports if r.parsed)

@@ -83,6 +83,9 @@ class RequestOutcome:
     queue_s: float
     ttft_s: float | None
     e2e_s: float
+    # One entry per tool-call span: "valid", "schema_invalid", "malformed", "truncated",
+    # "undeclared_tool" (see ToolCallReport / SpanRejected).
+    tool_calls: tuple[str, ...] = ()
 
 
 class GatewayMetrics:
@@ -135,6 +138,12 @@ class GatewayMetrics:
             [*LABELS, "position"],
             registry=r,
         )
+        self.tool_calls = Counter(
+            "toolflash:tool_calls",
+            "Tool-call spans in outputs, by how they parsed.",
+            [*LABELS, "result"],
+            registry=r,
+        )
         self.cycles = Counter(
             "toolflash:decode_cycles", "Decode cycles (an AR step is a cycle).", LABELS, registry=r
         )
@@ -181,6 +190,8 @@ class GatewayMetrics:
         self.e2e.labels(*labels).observe(o.e2e_s)
         if o.ttft_s is not None:
             self.ttft.labels(*labels).observe(o.ttft_s)
+        for result in o.tool_calls:
+            self.tool_calls.labels(*labels, result).inc()
         s = o.stats
         if s is None:
             return

@@ -161,6 +161,7 @@ class RequestRun:
     finish_reason: str = ""
     outcome: str = "pending"
     recorded: bool = False
+    tool_calls: tuple[str, ...] = ()  # per tool-call span: how it parsed (for metrics)
 
     def submit(self, prepare: Callable[[Engine], Prepared]) -> Job:
         self.job = Job(self.request_id, prepare)
@@ -271,6 +272,7 @@ class RequestRun:
                     queue_s=t.queue_s,
                     ttft_s=t.ttft_s,
                     e2e_s=t.e2e_s,
+                    tool_calls=self.tool_calls,
                 )
             )
             self.ctx.status.add(

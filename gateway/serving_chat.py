@@ -259,6 +259,7 @@ async def _drive(run: RequestRun, output: ChatOutput) -> AsyncIterator[list[Delt
             deltas = output.close()
             run.stats = event.stats
             run.finish_reason = chat_finish_reason(event.finish_reason, output)
+            run.tool_calls = output.results()
             if event.finish_reason == "cancelled" and not output.stop_requested:
                 run.outcome = "cancelled"
         if deltas:

@@ -190,6 +190,8 @@ def test_schema_check_reported(served: Served) -> None:
     assert r.choices[0].finish_reason == "tool_calls"
     report = r.model_extra["toolflash"]["tool_calls"][0]
     assert report["parsed"] and report["schema_valid"] is False and report["schema_errors"]
+    metrics = httpx.get(f"{served.url}/metrics").text
+    assert 'result="schema_invalid"' in metrics and "toolflash:tool_calls_total" in metrics
 
 
 def test_undeclared_tool_comes_back_as_text(served: Served) -> None:
