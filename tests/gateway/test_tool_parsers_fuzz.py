@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+import pytest
 
-from tests.gateway.test_tool_parsers import TOOLS, as_text, stream_pieces, summarize
-from toolflash.gateway.chat_output import ChatOutput, MessageFold
-from toolflash.gateway.tool_parsers import PARSERS, CallHeader, coalesce, get_parser
+pytest.importorskip("hypothesis")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.gateway.test_tool_parsers import TOOLS, as_text, stream_pieces, summarize  # noqa: E402
+from toolflash.gateway.chat_output import ChatOutput, MessageFold  # noqa: E402
+from toolflash.gateway.tool_parsers import PARSERS, CallHeader, coalesce, get_parser  # noqa: E402
 
 FRAGMENTS = [
     "<tool_call>",
