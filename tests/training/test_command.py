@@ -37,7 +37,7 @@ def _run(argv: list[str]) -> int:
 def test_train_draft_command(target_dir: Path, tmp_path: Path) -> None:
     data = tmp_path / "prompts.jsonl"
     words = ["alpha", "beta", "gamma", "delta", "omega", "sigma"]
-    rows = [
+    rows: list[dict[str, object]] = [
         {"messages": [{"role": "user", "content": f"say {w} {i}"}]} for i, w in enumerate(words * 2)
     ]
     rows += [{"prompt": f"def {w}():"} for w in words]
