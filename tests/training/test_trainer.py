@@ -171,3 +171,19 @@ def test_short_run_reduces_loss_and_serves_losslessly(target: Any, tmp_path: Pat
         spec = generate(target, prompt, 24, (), served, mode="spec", block_size=8)
         assert spec.output == ar.output
         assert any(c.mode == "spec" for c in spec.cycles)
+
+
+def test_cached_features_are_what_the_session_sees(target: Any) -> None:
+    """Row t of the cached training features is the target state of token t exactly as the
+    session gets it (prefill chunk, then one token per forward): no feature shift."""
+    drafter = _drafter(target)
+    ex = _example(5, length=24)
+    ids = drafter.config.target_layer_ids
+    cached = target_features(target, ids, [ex])[0]
+    cache = target.make_cache()
+    parts = [target.forward(mx.array(ex.tokens[None, :10]), cache, ids).features]
+    for t in ex.tokens[10:].tolist():
+        parts.append(target.forward(mx.array([[t]]), cache, ids).features)
+    incremental = mx.concatenate([p for p in parts if p is not None], axis=1)[0]
+    assert incremental.shape == cached.shape
+    assert mx.allclose(incremental, cached, atol=1e-4).item()
