@@ -166,7 +166,7 @@ def create_app(
 ) -> Starlette:
     """The gateway app. The engine is built by `engine_factory` on the worker thread when the
     app starts; until it is ready /health answers 503 and API routes 503 with Retry-After.
-    `controller_factory(engine, request_class)` gives each request its mode controller (the
+    `controller_factory(ControllerRequest)` gives each request its mode controller (the
     adaptive policy); it runs on the engine thread, and its decisions are reported."""
     config = config or GatewayConfig()
 

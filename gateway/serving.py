@@ -38,7 +38,19 @@ from toolflash.policy.request_class import RequestClass
 
 log = structlog.get_logger("toolflash.gateway")
 
-ControllerFactory = Callable[[Engine, RequestClass], ModeController | None]
+
+@dataclass(frozen=True)
+class ControllerRequest:
+    """What a mode controller factory learns about a request (on the engine thread)."""
+
+    model_id: str
+    request_class: RequestClass
+    response_format_json: bool
+    start_in_reasoning: bool
+
+
+# The adaptive policy's hook: a ModeController per request, or None for the server default.
+ControllerFactory = Callable[[ControllerRequest], ModeController | None]
 
 
 @dataclass
@@ -123,10 +135,19 @@ def token_budget(
 
 
 def decision_log(
-    factory: ControllerFactory | None, engine: Engine, request_class: RequestClass
+    factory: ControllerFactory | None,
+    engine: Engine,
+    request_class: RequestClass,
+    *,
+    start_in_reasoning: bool = False,
+    response_format_json: bool = False,
 ) -> DecisionLog | None:
     """The policy's controller for this request, wrapped so its decisions are reported."""
-    controller = factory(engine, request_class) if factory is not None else None
+    if factory is None:
+        return None
+    controller = factory(
+        ControllerRequest(engine.model_id, request_class, response_format_json, start_in_reasoning)
+    )
     return DecisionLog(controller) if controller is not None else None
 
 

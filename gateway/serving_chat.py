@@ -159,7 +159,13 @@ def chat_preparer(
             request_class,
             start_in_reasoning,
             clamped,
-            decision_log(controller_factory, engine, request_class),
+            decision_log(
+                controller_factory,
+                engine,
+                request_class,
+                start_in_reasoning=start_in_reasoning,
+                response_format_json=request_class.kind == "json",
+            ),
         )
 
     return prepare

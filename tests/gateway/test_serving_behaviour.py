@@ -16,7 +16,7 @@ from tests.gateway.fake_engine import FakeEngine
 from toolflash.engine.api import CycleRecord, GenerationStats, ModeDecision
 from toolflash.gateway.app import create_app
 from toolflash.gateway.config import GatewayConfig
-from toolflash.policy.request_class import RequestClass
+from toolflash.gateway.serving import ControllerRequest
 
 LONG = {
     "model": "fake-model",
@@ -194,8 +194,9 @@ def test_policy_controller_decisions_are_reported() -> None:
     policy = SwitchToAr()
     classes: list[str] = []
 
-    def factory(engine: object, rc: RequestClass) -> SwitchToAr:
-        classes.append(rc.label)
+    def factory(req: ControllerRequest) -> SwitchToAr:
+        classes.append(req.request_class.label)
+        assert req.model_id == "fake-model" and not req.start_in_reasoning
         return policy
 
     engine = FakeEngine()
