@@ -303,3 +303,11 @@ def split_holdout(
     train = [r for i, r in enumerate(records) if i not in held]
     holdout = [r for i, r in enumerate(records) if i in held]
     return train, holdout
+
+
+def subsample(records: Sequence[PromptRecord], count: int, seed: int) -> list[PromptRecord]:
+    """`count` records drawn at random (files are often grouped by kind), in file order."""
+    if count >= len(records):
+        return list(records)
+    keep = sorted(np.random.default_rng(seed).permutation(len(records))[:count].tolist())
+    return [records[i] for i in keep]

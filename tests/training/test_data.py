@@ -17,6 +17,7 @@ from toolflash.training.data import (
     load_prompt_records,
     split_holdout,
     stop_token_ids,
+    subsample,
 )
 from toolflash.training.generation import generate
 
@@ -139,3 +140,12 @@ def test_split_holdout_is_stratified() -> None:
     again, _ = split_holdout(records, 4, seed=0)
     assert again == train
     assert np.unique([r.tokens for r in held + train]).size == 10
+
+
+def test_subsample_is_seeded_random_in_file_order() -> None:
+    records = [PromptRecord((i,), "a" if i < 50 else "b") for i in range(100)]
+    picked = subsample(records, 10, seed=0)
+    assert len(picked) == 10 and {r.kind for r in picked} == {"a", "b"}
+    assert [r.tokens for r in picked] == sorted(r.tokens for r in picked)
+    assert subsample(records, 10, seed=0) == picked
+    assert subsample(records, 200, seed=0) == records

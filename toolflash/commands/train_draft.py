@@ -47,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--eval-count", type=int, default=16)
     parser.add_argument("--eval-max-new-tokens", type=int, default=128)
-    parser.add_argument("--limit", type=int, help="use at most this many training prompts")
+    parser.add_argument(
+        "--limit", type=int, help="train on this many prompts drawn at random (seeded)"
+    )
     parser.add_argument("--no-compile", action="store_true", help="do not mx.compile the step")
     parser.add_argument("--no-progress", action="store_true")
 
@@ -59,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         load_prompt_records,
         split_holdout,
         stop_token_ids,
+        subsample,
     )
     from toolflash.training.draft_config import DraftSetupError, resolve_mask_token_id
     from toolflash.training.pipeline import DraftJob, train_draft
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             train_records, eval_records = split_holdout(records, args.eval_count, args.seed)
         if args.limit:
-            train_records = train_records[: args.limit]
+            train_records = subsample(train_records, args.limit, args.seed)
         mask_id = args.mask_token_id
         if mask_id is None:
             mask_id = resolve_mask_token_id(tokenizer, target.vocab_size)
