@@ -35,6 +35,7 @@ def check_tool_calls(
     parser = qwen3_coder if fmt == "qwen3_coder" else json_tools
     blocks = _BLOCK.findall(text)
     parsed: list[dict[str, Any]] = []
+    opened = text.count("<tool_call>")  # an unterminated call counts as a failed one
     for block in blocks:
         try:
             call = parser.parse_tool_call(block, tools)
@@ -43,7 +44,7 @@ def check_tool_calls(
         if isinstance(call, dict) and "name" in call:
             parsed.append(call)
     names = {t["function"]["name"] for t in tools or []}
-    return ToolCallCheck(len(blocks), parsed, all(c["name"] in names for c in parsed))
+    return ToolCallCheck(opened, parsed, all(c["name"] in names for c in parsed))
 
 
 def parses_as_json(text: str) -> bool:

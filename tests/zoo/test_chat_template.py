@@ -137,3 +137,6 @@ def test_quality_check_accepts_rendered_calls(hf_tokenizer, fmt) -> None:  # typ
     assert check.well_formed and check.parsed == CALLS
     broken = check_tool_calls(answer.replace("</function>", "", 1).replace('"}', "", 1), fmt, TOOLS)
     assert not broken.well_formed
+    unterminated = check_tool_calls(answer.rsplit("</tool_call>", 1)[0], fmt, TOOLS)
+    assert unterminated.blocks == 3 and len(unterminated.parsed) == 2
+    assert not unterminated.well_formed
