@@ -31,6 +31,12 @@ Clock = Callable[[], float]
 # Relative noise floors: a handful of identical samples must not look certain.
 _TIME_REL_FLOOR = 0.05
 _TAU_ABS_FLOOR = 0.5
+# Timing samples above this multiple of the current mean are clipped to it (once the mean rests
+# on a few samples): other processes' bursts only ever slow a step down, by up to several times
+# on a shared machine, and one burst must not flip a decision. A real, lasting slowdown still
+# moves the mean, by up to this factor per sample.
+TIME_CLIP = 2.0
+_CLIP_AFTER = 4
 PRIOR_SAMPLES = 4.0
 POOL = "*"
 
@@ -206,7 +212,7 @@ class Estimates:
         """One speculative cycle at `block_size` that accepted `accepted` draft tokens in
         `seconds`. `block_sizes` lists smaller candidate blocks to credit counterfactually."""
         now = self.clock()
-        self._add(self.cycle_s, (model, block_size, self.bucket(context_len)), seconds, now)
+        self._add(self.cycle_s, (model, block_size, self.bucket(context_len)), seconds, now, True)
         for b in {block_size, *block_sizes}:
             if 1 < b <= block_size:
                 x = min(accepted, b - 1) + 1.0
@@ -216,12 +222,14 @@ class Estimates:
 
     def observe_ar(self, model: str, seconds: float, context_len: int) -> None:
         """One target-only step that took `seconds`."""
-        self._add(self.ar_s, (model, self.bucket(context_len)), seconds, self.clock())
+        self._add(self.ar_s, (model, self.bucket(context_len)), seconds, self.clock(), True)
 
-    def _add(self, table: dict, key: tuple, x: float, now: float) -> None:
+    def _add(self, table: dict, key: tuple, x: float, now: float, clip: bool = False) -> None:
         stat = table.get(key)
         if stat is None:
             stat = table[key] = Stat()
+        if clip and stat.count >= _CLIP_AFTER:
+            x = min(x, TIME_CLIP * stat.mean)
         stat.add(x, now, self.sample_decay, self.half_life_s)
 
     # -- reads --------------------------------------------------------------------------------

@@ -133,3 +133,15 @@ def test_new_class_starts_from_the_pooled_prior() -> None:
     assert prior.std > own.std
     assert est.spec("m", "json.b", "reasoning", 8, 300)[1] == pytest.approx(4.0)  # all spans
     assert est.measured_tau("m", "json.b", "tool_call", 8) is None
+
+
+def test_timing_bursts_are_clipped() -> None:
+    est = Estimates(sample_half_life=1e9, clock=FakeClock())
+    for _ in range(10):
+        est.observe_ar("m", 0.010, 300)
+    est.observe_ar("m", 1.0, 300)  # another process held the CPU for a second
+    stat = est.ar_s[("m", 512)]
+    assert stat.mean == pytest.approx((10 * 0.010 + 0.020) / 11)
+    for _ in range(40):  # a lasting 3x slowdown is still followed
+        est.observe_ar("m", 0.030, 300)
+    assert est.ar("m", 300).tps == pytest.approx(1 / 0.030, rel=0.3)
