@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -104,5 +105,6 @@ def build_model(config: dict[str, Any]) -> nn.Module:
     from mlx_lm.models import qwen3, qwen3_5
 
     module = {"qwen3": qwen3, "qwen3_5": qwen3_5}[config["model_type"]]
-    model: nn.Module = module.Model(module.ModelArgs.from_dict(config))
+    # mlx-lm's args rewrite nested dicts in place (rope_type -> type): keep `config` as saved.
+    model: nn.Module = module.Model(module.ModelArgs.from_dict(copy.deepcopy(config)))
     return model
