@@ -7,6 +7,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from toolflash.engine.drafter import DFlashDrafter, DraftConfig
 from toolflash.engine.targets.base import TargetAdapter
@@ -137,3 +138,32 @@ def init_drafter(cfg: DraftConfig, seed: int) -> DFlashDrafter:
     drafter.set_dtype(mx.float32)
     mx.eval(drafter.parameters())
     return drafter
+
+
+def init_from_target(drafter: DFlashDrafter, target: TargetAdapter) -> list[str]:
+    """Start draft layer i from the target's decoder layer L - n + i (the last n layers) and the
+    final norm from the target's, copying every tensor whose name and shape match (attention,
+    QK norms, MLP, layer norms of a Qwen3 layer; a hybrid's GatedDeltaNet or gated-attention
+    layers do not match and keep their fresh init). `fc`/`hidden_norm` stay fresh. Returns the
+    names copied. A warm start for short CPU runs: the layers already model the language."""
+    layers = list(getattr(target, "layers", None) or target.model.layers)
+    n = len(drafter.layers)
+    source = layers[len(layers) - n :]
+    copied: list[tuple[str, mx.array]] = []
+    for i, (draft_layer, src) in enumerate(zip(drafter.layers, source, strict=True)):
+        want = dict(_flat(draft_layer.parameters()))
+        for name, value in _flat(src.parameters()):
+            if name in want and tuple(want[name].shape) == tuple(value.shape):
+                copied.append((f"layers.{i}.{name}", value.astype(mx.float32)))
+    inner = getattr(target, "inner", None)
+    norm = getattr(getattr(inner, "norm", None), "weight", None)
+    if norm is not None and tuple(norm.shape) == tuple(drafter.norm.weight.shape):
+        copied.append(("norm.weight", norm.astype(mx.float32)))
+    drafter.load_weights(copied, strict=False)
+    mx.eval(drafter.parameters())
+    return [name for name, _ in copied]
+
+
+def _flat(params: Any) -> list[tuple[str, mx.array]]:
+    flat: list[tuple[str, mx.array]] = tree_flatten(params)  # type: ignore[assignment]
+    return flat

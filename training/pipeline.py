@@ -24,7 +24,7 @@ from toolflash.engine.draft_loading import TargetInfo, load_draft, save_draft
 from toolflash.engine.targets.base import TargetAdapter
 
 from .data import PromptRecord, as_records, distill
-from .draft_config import draft_config_for, init_drafter
+from .draft_config import draft_config_for, init_drafter, init_from_target
 from .evaluate import EvalReport, evaluate_drafter, format_report
 from .trainer import TrainConfig, TrainResult, train_drafter
 
@@ -44,6 +44,7 @@ class DraftJob:
     max_new_tokens: int = 256  # distillation: greedy continuation length
     max_len: int = 512  # prompt + response tokens per training example
     eval_max_new_tokens: int = 128
+    warm_start: bool = False  # start the draft layers from the target's last layers
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -78,6 +79,7 @@ def train_draft(
         target, job.mask_token_id, job.layers, job.block_size, job.target_layer_ids
     )
     drafter = init_drafter(cfg, job.train.seed)
+    warm = init_from_target(drafter, target) if job.warm_start else []
 
     t0 = time.perf_counter()
     examples = distill(target, records, stops, job.max_new_tokens, job.max_len, progress)
@@ -117,6 +119,7 @@ def train_draft(
             "kv_heads": cfg.num_key_value_heads,
             "intermediate_size": cfg.intermediate_size,
             "parameters": _count(drafter.parameters()),
+            "warm_started_tensors": len(warm),
         },
         "data": {
             "prompts": len(records),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import mlx.core as mx
 import pytest
 
 from toolflash.engine.draft_loading import TargetInfo, check_config
@@ -16,6 +17,7 @@ from toolflash.training.draft_config import (
     default_target_layer_ids,
     draft_config_for,
     init_drafter,
+    init_from_target,
     resolve_mask_token_id,
 )
 
@@ -84,3 +86,22 @@ def test_mask_token_error_when_embedding_is_full() -> None:
     tok = char_tokenizer(with_mask=False)
     with pytest.raises(DraftSetupError, match="no mask token"):
         resolve_mask_token_id(tok, len(tok.get_vocab()))
+
+
+def test_init_from_target_copies_the_last_layers() -> None:
+    target = Qwen3Target(qwen3_target())
+    drafter = init_drafter(draft_config_for(target, 200, layers=2), seed=0)
+    copied = init_from_target(drafter, target)
+    assert "norm.weight" in copied and "fc.weight" not in copied
+    assert len(copied) == 2 * 11 + 1  # every tensor of a Qwen3 decoder layer, twice
+    src = target.inner.layers[3].mlp.down_proj.weight
+    assert mx.array_equal(drafter.layers[1].mlp.down_proj.weight, src).item()
+
+
+def test_init_from_target_skips_mismatched_hybrid_tensors() -> None:
+    target = Qwen35Target(qwen35_target())
+    drafter = init_drafter(draft_config_for(target, 200, layers=1), seed=0)
+    copied = init_from_target(drafter, target)
+    # The last hybrid layer is gated attention: its q_proj is twice as wide and stays fresh.
+    assert "layers.0.self_attn.q_proj.weight" not in copied
+    assert "layers.0.mlp.up_proj.weight" in copied

@@ -26,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target-layers", help="comma-separated target layer ids to read features from"
     )
+    parser.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="start the draft layers from the target's last decoder layers",
+    )
     parser.add_argument("--mask-token-id", type=int, help="default: the tokenizer's <|mask|>")
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides --epochs)")
     parser.add_argument("--epochs", type=float, default=3.0)
@@ -94,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         max_len=args.max_len,
         eval_max_new_tokens=args.eval_max_new_tokens,
+        warm_start=args.warm_start,
         train=TrainConfig(
             steps=args.steps,
             epochs=args.epochs,
