@@ -187,6 +187,8 @@ class PolicyController:
         self.probe: Probe | None = None
         self.reason = ""
         self._t_last = 0.0
+        self._steps: dict[tuple[str, str], int] = {}
+        self._tokens: dict[tuple[str, str], int] = {}
 
     # -- ModeController -----------------------------------------------------------------------
     def observe_prefix(self, text: str) -> None:
@@ -243,6 +245,10 @@ class PolicyController:
         return self._decision()
 
     def finish(self, stats: GenerationStats) -> None:
+        for (span, mode), n in self._steps.items():
+            labels = {"model": self.model_id, "class": self.label, "span": span, "mode": mode}
+            self.owner.count("steps", n, **labels)
+            self.owner.count("tokens", self._tokens[(span, mode)], **labels)
         self.state.dirty = True
         self.owner.save(force=False)
         log.debug(
@@ -291,9 +297,10 @@ class PolicyController:
             elif mode == "ar":
                 self.est.observe_ar(self.model_id, seconds, record.context_len)
         self.state.backoff.tick((self.model_id, self.label, span))
-        labels = {"model": self.model_id, "class": self.label, "span": span, "mode": mode}
-        self.owner.count("steps", **labels)
-        self.owner.count("tokens", record.committed, **labels)
+        # Counted here, published to the process-wide counters once, at `finish`.
+        key = (span, mode)
+        self._steps[key] = self._steps.get(key, 0) + 1
+        self._tokens[key] = self._tokens.get(key, 0) + record.committed
 
     def _arms(self, rule: SpanRule) -> list[Arm]:
         blocks = [b for b in rule.block_sizes if b <= self.max_block] or [self.max_block]

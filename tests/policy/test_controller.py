@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from toolflash.engine.api import GenerationStats
 from toolflash.policy.config import PolicyConfig
 from toolflash.policy.controller import AdaptivePolicy
 from toolflash.policy.request_class import RequestClass
@@ -180,4 +181,11 @@ def test_prefix_text_and_wall_timing(tmp_path: Path) -> None:
     ctrl.after_step(spec_record(1, 8, 0, 0.01), [0], '"name"')
     assert stat.count == 2
     assert stat.s1 <= first + 0.02 + 1e-9  # the 100 s stall was clipped to 2 x 10 ms
-    assert pol.counters()["steps"][0]["labels"]["span"] == "tool_call"
+    assert "steps" not in pol.counters()  # published when the request finishes
+    ctrl.finish(GenerationStats(300, 0, 2, 0.0, 0.02, ()))
+    assert pol.counters()["steps"] == [
+        {
+            "labels": {"class": TOOLS.label, "mode": "spec", "model": "m", "span": "tool_call"},
+            "value": 2,
+        }
+    ]
