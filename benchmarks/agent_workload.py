@@ -665,7 +665,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", nargs="*", help="extra policy YAML files")
     p.add_argument("--state-file", default=None, help="policy state (default: fresh, cold start)")
     p.add_argument("--out", default="benchmarks/results", help="folder for the JSON and PNG")
+    p.add_argument("--verbose", action="store_true", help="log every policy decision")
     args = p.parse_args(argv)
+    if not args.verbose:
+        # Decisions are in the JSON; printing each one would be timed as decoding.
+        import logging
+
+        import structlog
+
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     rep = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

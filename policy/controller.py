@@ -371,8 +371,18 @@ class PolicyController:
         scope = (self.model_id, self.label, span)
         cur = self._throughput(self.arm, span)
         best: tuple[int, float, Arm, str] | None = None
-        for arm in self._arms(rule):
+        arms = self._arms(rule)
+        largest = max((a[1] for a in arms if a[0] == "spec"), default=0)
+        for arm in arms:
             if arm == self.arm or not self.state.backoff.allowed(scope, arm):
+                continue
+            if (
+                arm[0] == "spec"
+                and arm[1] != largest
+                and self.est.measured_tau(self.model_id, self.label, span, arm[1]) is None
+            ):
+                # Tau is unknown here for every block alike; a probe at the largest block
+                # measures it for all of them (smaller blocks are credited from its cycles).
                 continue
             alt = self._throughput(arm, span)
             if (
