@@ -188,6 +188,8 @@ class PolicyController:
         self.reason = ""
         self._t_last = 0.0
         self._steps: dict[tuple[str, str], int] = {}
+        self._ticks: dict[str, int] = {}  # steps per span not yet added to the backoff clock
+        self._made: ModeDecision | None = None
         self._tokens: dict[tuple[str, str], int] = {}
 
     # -- ModeController -----------------------------------------------------------------------
@@ -245,6 +247,7 @@ class PolicyController:
         return self._decision()
 
     def finish(self, stats: GenerationStats) -> None:
+        self._flush_ticks()
         for (span, mode), n in self._steps.items():
             labels = {"model": self.model_id, "class": self.label, "span": span, "mode": mode}
             self.owner.count("steps", n, **labels)
@@ -296,7 +299,7 @@ class PolicyController:
                 )
             elif mode == "ar":
                 self.est.observe_ar(self.model_id, seconds, record.context_len)
-        self.state.backoff.tick((self.model_id, self.label, span))
+        self._ticks[span] = self._ticks.get(span, 0) + 1
         # Counted here, published to the process-wide counters once, at `finish`.
         key = (span, mode)
         self._steps[key] = self._steps.get(key, 0) + 1
@@ -368,6 +371,7 @@ class PolicyController:
     def _maybe_probe(self, rule: SpanRule, span: str) -> None:
         if self.dwell < self.min_dwell:
             return
+        self._flush_ticks()
         scope = (self.model_id, self.label, span)
         cur = self._throughput(self.arm, span)
         best: tuple[int, float, Arm, str] | None = None
@@ -426,6 +430,7 @@ class PolicyController:
         probe = self.probe
         assert probe is not None
         self.probe = None
+        self._flush_ticks()
         scope = (self.model_id, self.label, span)
         rule = self.policy.rule(self.label, span)
         alt = self._throughput(probe.arm, span)
@@ -516,4 +521,20 @@ class PolicyController:
 
     def _decision(self) -> ModeDecision:
         mode, block = self.arm
-        return ModeDecision(mode, block if mode == "spec" else self.max_block, self.reason)
+        made = self._made
+        size = block if mode == "spec" else self.max_block
+        if (
+            made is None
+            or made.mode != mode
+            or made.block_size != size
+            or made.reason != self.reason
+        ):
+            made = self._made = ModeDecision(mode, size, self.reason)
+        return made
+
+    def _flush_ticks(self) -> None:
+        """Add the steps counted since the last flush to the process-wide backoff clock (kept
+        per request between decisions so the per-step path stays small)."""
+        for span, n in self._ticks.items():
+            self.state.backoff.tick((self.model_id, self.label, span), n)
+        self._ticks.clear()

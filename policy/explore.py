@@ -64,8 +64,8 @@ class Backoff:
         self._steps: dict[Scope, int] = {}
         self._arms: dict[tuple[Scope, Arm], _ArmBackoff] = {}
 
-    def tick(self, scope: Scope) -> None:
-        self._steps[scope] = self._steps.get(scope, 0) + 1
+    def tick(self, scope: Scope, steps: int = 1) -> None:
+        self._steps[scope] = self._steps.get(scope, 0) + steps
 
     def steps(self, scope: Scope) -> int:
         return self._steps.get(scope, 0)
