@@ -9,6 +9,8 @@ from typing import Any
 import mlx.core as mx
 import structlog
 
+from toolflash.cache.prefix_cache import CacheConfig, PrefixCache
+
 from .api import EngineError
 from .draft_context import DraftWindow
 from .draft_loading import TargetInfo, load_draft
@@ -80,6 +82,7 @@ def build_engine(
     window: DraftWindow | None = None,
     context_length: int | None = None,
     no_draft: bool = False,
+    cache: CacheConfig | None = None,
 ) -> DFlashEngine:
     """Load target and drafter and return the engine. model=None serves the embedded tiny
     pair; draft=None looks the target up in the registry of published DFlash drafts."""
@@ -116,4 +119,8 @@ def build_engine(
         window=window or DraftWindow(),
         context_length=context_length,
     )
-    return DFlashEngine(target, tokenizer, drafter, model_id, draft_id, max_ctx, options)
+    cache = cache if cache is not None else CacheConfig()
+    prefix_cache = PrefixCache(cache) if cache.enabled else None
+    return DFlashEngine(
+        target, tokenizer, drafter, model_id, draft_id, max_ctx, options, prefix_cache
+    )

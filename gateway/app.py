@@ -27,7 +27,7 @@ from toolflash.gateway.errors import (
     error_response,
     to_gateway_error,
 )
-from toolflash.gateway.metrics import GatewayMetrics
+from toolflash.gateway.metrics import GatewayMetrics, StatsCollector
 from toolflash.gateway.openapi import openapi_document
 from toolflash.gateway.protocol import ModelCard, ModelList
 from toolflash.gateway.serving import ControllerFactory, GatewayContext, gateway
@@ -163,6 +163,8 @@ def create_app(
     *,
     on_load_failure: Callable[[BaseException], None] | None = None,
     controller_factory: ControllerFactory | None = None,
+    policy_counters: Callable[[], dict[str, list[dict[str, Any]]]] | None = None,
+    on_shutdown: Callable[[], None] | None = None,
 ) -> Starlette:
     """The gateway app. The engine is built by `engine_factory` on the worker thread when the
     app starts; until it is ready /health answers 503 and API routes 503 with Retry-After.
@@ -183,6 +185,14 @@ def create_app(
             controller_factory=controller_factory,
         )
         app.state.gateway = ctx
+
+        def cache_stats() -> dict[str, int]:
+            cache = getattr(worker.engine, "prefix_cache", None)
+            return cache.stats() if cache is not None else {}
+
+        ctx.metrics.add_collector(StatsCollector("prefix_cache", flat=cache_stats))
+        if policy_counters is not None:
+            ctx.metrics.add_collector(StatsCollector("policy", labelled=policy_counters))
         t0 = time.perf_counter()
         worker.start()
         log.info(
@@ -195,6 +205,8 @@ def create_app(
             yield {"gateway": ctx}
         finally:
             worker.stop()
+            if on_shutdown is not None:
+                on_shutdown()
             log.info("gateway_stopped", uptime_s=round(time.perf_counter() - t0, 1))
 
     routes = [

@@ -12,6 +12,7 @@ import resource
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -68,6 +69,37 @@ class _ProcessCollector(Collector):
             yield GaugeMetricFamily(
                 "toolflash:mlx_cache_memory_bytes", "MLX buffer cache memory.", value=mem[1]
             )
+
+
+class StatsCollector(Collector):
+    """Counters owned by other components (prefix cache, policy), read at scrape time.
+
+    `flat()` returns {name: value} exported as `toolflash:<prefix>_<name>`; `labelled()`
+    returns {name: [{"labels": {...}, "value": n}]} exported the same way with labels."""
+
+    def __init__(
+        self,
+        prefix: str,
+        flat: Callable[[], dict[str, int]] | None = None,
+        labelled: Callable[[], dict[str, list[dict[str, Any]]]] | None = None,
+    ) -> None:
+        self.prefix = prefix
+        self.flat = flat
+        self.labelled = labelled
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for name, value in sorted((self.flat() if self.flat else {}).items()):
+            yield GaugeMetricFamily(
+                f"toolflash:{self.prefix}_{name}", f"{self.prefix} {name}.", value=value
+            )
+        for name, rows in sorted((self.labelled() if self.labelled else {}).items()):
+            keys = sorted({k for row in rows for k in row["labels"]})
+            family = GaugeMetricFamily(
+                f"toolflash:{self.prefix}_{name}", f"{self.prefix} {name}.", labels=keys
+            )
+            for row in rows:
+                family.add_metric([str(row["labels"].get(k, "")) for k in keys], row["value"])
+            yield family
 
 
 @dataclass(frozen=True)
@@ -213,6 +245,9 @@ class GatewayMetrics:
             self.num_accepted_tokens.labels(*labels).inc(s.accepted)
             for k, n in sorted(per_pos.items()):
                 self.num_accepted_tokens_per_pos.labels(*labels, str(k)).inc(n)
+
+    def add_collector(self, collector: Collector) -> None:
+        self.registry.register(collector)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

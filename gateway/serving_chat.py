@@ -151,6 +151,9 @@ def chat_preparer(
             temperature=0.0,  # greedy-only engine; the response says sampling "greedy"
             seed=req.seed,
             request_id=request_id,
+            # The prefix cache publishes here so the agent's next turn (same history plus
+            # more) restores instead of recomputing.
+            publish_at=_stable_prefix(engine, messages, tools, template_kwargs, tokens),
         )
         # Templates that open the answer inside <think> leave the tag at the prompt's end.
         start_in_reasoning = engine.decode(tokens[-8:]).rstrip().endswith("<think>")
@@ -169,6 +172,17 @@ def chat_preparer(
         )
 
     return prepare
+
+
+def _stable_prefix(
+    engine: Engine,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+    tokens: list[int],
+) -> tuple[int, ...]:
+    n = engine.stable_prefix(messages, tools, template_kwargs, tokens)
+    return (n,) if n > 0 else ()
 
 
 def render(

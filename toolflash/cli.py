@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -11,13 +12,25 @@ from typing import Any
 # `run(args) -> int`. Modules are imported lazily so `toolflash --help` stays fast.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "Serve an OpenAI-compatible API (default: the embedded tiny model pair)."),
-    "generate": ("generate", "Generate from a prompt, speculative or target-only, and print speed."),
-    "doctor": ("doctor", "Report platform, MLX device, BLAS speed, versions and model loadability."),
-    "models": ("models", "List the embedded models and the published target -> DFlash draft pairs."),
+    "generate": (
+        "generate",
+        "Generate from a prompt, speculative or target-only, and print speed.",
+    ),
+    "doctor": (
+        "doctor",
+        "Report platform, MLX device, BLAS speed, versions and model loadability.",
+    ),
+    "models": (
+        "models",
+        "List the embedded models and the published target -> DFlash draft pairs.",
+    ),
     "train-draft": ("train_draft", "Train a DFlash drafter against a frozen target."),
     "bench": ("bench", "Benchmark speculative vs target-only decoding per prompt kind."),
     "policy": ("policy", "Show the effective decoding policy, or validate a policy YAML file."),
-    "zoo": ("zoo", "Build the tiny model family (corpus, tokenizer, targets, drafters) from scratch."),
+    "zoo": (
+        "zoo",
+        "Build the tiny model family (corpus, tokenizer, targets, drafters) from scratch.",
+    ),
 }
 
 
@@ -49,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     ensure_optimized_blas(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    from toolflash.gateway.logs import configure_logging
+
+    # Logs go to stderr (stdout carries generated text and --json output); `serve`
+    # reconfigures for JSON lines.
+    configure_logging(json_lines=False, level=os.environ.get("TOOLFLASH_LOG_LEVEL", "info"))
     if not getattr(args, "_module", None):
         parser.print_help()
         return 0

@@ -87,6 +87,18 @@ class FakeEngine:
             text += "<think>\n"
         return self.encode(text)
 
+    def stable_prefix(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any] | None,
+        prompt: Sequence[int],
+    ) -> int:
+        """Everything before the final generation header (this fake's template appends it)."""
+        header = self.encode(f"{IM_START}assistant\n")
+        n = len(prompt) - len(header)
+        return n if n > 0 and list(prompt[n:]) == header else 0
+
     # -- scripted model ----------------------------------------------------------------
     def respond(self, prompt: str) -> str:
         if IM_END not in prompt:  # raw completion prompt

@@ -68,7 +68,9 @@ def test_engine_factory_is_lazy(monkeypatch: pytest.MonkeyPatch) -> None:
     build = serve._engine_factory(parse("--model", "m", "--block-size", "4", "--mode", "ar"))
     assert calls == []  # nothing is loaded until the lifespan's worker calls it
     assert build() == "engine"
-    assert calls == [(("m", None), {"mode": "ar", "block_size": 4})]
+    (args, kwargs), = calls
+    assert args == ("m", None) and kwargs["mode"] == "ar" and kwargs["block_size"] == 4
+    assert kwargs["cache"].enabled and kwargs["cache"].l2_dir is None
 
 
 def test_served_by_the_command_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,6 +51,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-format", choices=("json", "console"), default="json")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--no-cache", action="store_true", help="disable the prefix cache")
+    p.add_argument("--cache-entries", type=int, default=32, help="L1 (RAM) snapshot entries")
+    p.add_argument("--cache-ram-mb", type=float, default=2048, help="L1 (RAM) byte budget")
+    p.add_argument("--cache-dir", default=None, help="L2 (disk) snapshot directory (off if unset)")
+    p.add_argument("--cache-disk-mb", type=float, default=8192, help="L2 (disk) byte budget")
+    p.add_argument(
+        "--policy",
+        choices=("adaptive", "off"),
+        default="adaptive",
+        help="adaptive: choose spec/AR and block size per request class and span from "
+        "measurements (configs/*.yaml); off: always --mode",
+    )
+    p.add_argument("--policy-config", action="append", default=[], help="extra policy YAML file(s)")
     p.add_argument(
         "--config",
         default=None,
@@ -105,11 +118,31 @@ def is_loopback(host: str) -> bool:
 
 def _engine_factory(args: argparse.Namespace) -> Any:
     def build() -> Any:
+        from toolflash.cache.prefix_cache import CacheConfig
         from toolflash.engine.factory import build_engine
 
-        return build_engine(args.model, args.draft, mode=args.mode, block_size=args.block_size)
+        cache = CacheConfig(
+            enabled=not args.no_cache,
+            l1_entries=args.cache_entries,
+            l1_bytes=int(args.cache_ram_mb * 1024 * 1024),
+            l2_dir=args.cache_dir,
+            l2_bytes=int(args.cache_disk_mb * 1024 * 1024),
+        )
+        return build_engine(
+            args.model, args.draft, mode=args.mode, block_size=args.block_size, cache=cache
+        )
 
     return build
+
+
+def _policy(args: argparse.Namespace) -> Any:
+    """The adaptive policy (one per server), or None with --policy off."""
+    if args.policy == "off":
+        return None
+    from toolflash.policy.config import PolicyConfig
+    from toolflash.policy.controller import AdaptivePolicy
+
+    return AdaptivePolicy(PolicyConfig(list(args.policy_config)))
 
 
 def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
@@ -137,7 +170,26 @@ def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
         for server in holder:
             server.should_exit = True
 
-    app = create_app(_engine_factory(args), config, on_load_failure=on_load_failure)
+    policy = _policy(args)
+    app = create_app(
+        _engine_factory(args),
+        config,
+        on_load_failure=on_load_failure,
+        controller_factory=(
+            (
+                lambda r: policy.controller_for(
+                    r.model_id,
+                    r.request_class,
+                    r.response_format_json,
+                    start_in_reasoning=r.start_in_reasoning,
+                )
+            )
+            if policy is not None
+            else None
+        ),
+        policy_counters=policy.counters if policy is not None else None,
+        on_shutdown=policy.save if policy is not None else None,
+    )
     server = uvicorn.Server(
         uvicorn.Config(
             app,
