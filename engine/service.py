@@ -71,7 +71,7 @@ class DFlashEngine:
         self.options = options or EngineOptions()
         self.context_length = self.options.context_length or context_length
         template = getattr(tokenizer, "chat_template", None) or ""
-        self.tool_call_format = "qwen3_coder" if "<function=" in template else "hermes"
+        self.tool_call_format = tool_call_format_of(template)
         self.eos_ids = frozenset(int(t) for t in getattr(tokenizer, "eos_token_ids", ()) or ())
         self.prefix_cache = prefix_cache
         self.cache_key = SnapshotKey(
@@ -225,6 +225,15 @@ class DFlashEngine:
             tau=round(stats.tokens_per_cycle, 2),
         )
         yield FinishEvent(reason, stats)  # type: ignore[arg-type]
+
+
+def tool_call_format_of(template: str) -> str:
+    """The tool-call markup the chat template renders by default: Qwen3-Coder XML templates
+    write `<function=...>` and no JSON `"name"`; hermes templates write JSON (templates
+    that can do both, like the tiny zoo's, default to hermes)."""
+    if "<function=" in template and '"name"' not in template:
+        return "qwen3_coder"
+    return "hermes"
 
 
 class _TextTracker:

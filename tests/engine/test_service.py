@@ -130,3 +130,12 @@ def test_controller_drives_modes_losslessly(engine: Any) -> None:
     assert modes[:4] == ["spec", "ar", "spec", "ar"]
     assert all(bs == 4 for m, bs, _ in controller.steps if m == "spec")
     assert controller.finished is not None and controller.finished.completion_tokens == len(ref)
+
+
+def test_tool_call_format_detection() -> None:
+    from toolflash.engine.service import tool_call_format_of
+
+    assert tool_call_format_of('{{ "<tool_call>\\n<function=" + name }}') == "qwen3_coder"
+    assert tool_call_format_of('<tool_call>\\n{"name": {{ name }}}') == "hermes"
+    both = "{% if xml %}<function={{ n }}>{% else %}{\"name\": {{ n }}}{% endif %}"
+    assert tool_call_format_of(both) == "hermes"
