@@ -34,6 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument(
         "--quick", action="store_true", help="small corpus and 20 steps (smoke test, minutes)"
     )
+    build.add_argument(
+        "--drafters",
+        action="store_true",
+        help="also train one DFlash drafter per target (distillation prompts from the corpus, "
+        "evaluated with the real loop on held-out prompts)",
+    )
+    build.add_argument("--draft-prompts", type=int, default=300, help="distillation prompts")
+    build.add_argument("--draft-steps", type=int, default=900, help="drafter training steps")
 
     sample = sub.add_parser("sample", help="greedy samples through the chat template")
     sample.add_argument("--model", type=Path, required=True, help="a target directory")
@@ -87,8 +95,48 @@ def _build(args: argparse.Namespace) -> int:
     summary["total_seconds"] = round(time.perf_counter() - start, 1)
     summary["size_mb"] = family_size_mb(args.out)
     summary["final_loss"] = {k: round(v.final_loss, 3) for k, v in build.training.items()}
+    if args.drafters:
+        summary["drafters"] = _drafters(args, build)
+        summary["total_seconds"] = round(time.perf_counter() - start, 1)
+        summary["size_mb"] = family_size_mb(args.out)
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def _drafters(args: argparse.Namespace, build: Any) -> dict[str, Any]:
+    """Prompt files, then one drafter per target: DIR/<target>-dflash."""
+    from toolflash.zoo.drafters import (
+        distillation_prompts,
+        held_out_prompts,
+        records_from_jsonl,
+        train_family_drafter,
+        write_prompts,
+    )
+
+    records = records_from_jsonl(args.out / "corpus.jsonl")
+    train_file = args.out / "prompts_train.jsonl"
+    eval_file = args.out / "prompts_eval.jsonl"
+    write_prompts(distillation_prompts(records, args.draft_prompts, args.seed), train_file)
+    write_prompts(held_out_prompts(6, args.seed), eval_file)
+    out: dict[str, Any] = {}
+    for family, target_dir in build.target_dirs.items():
+        t0 = time.perf_counter()
+        report = train_family_drafter(
+            target_dir,
+            target_dir.parent / f"{target_dir.name}-dflash",
+            train_file,
+            eval_file,
+            steps=args.draft_steps,
+            max_new_tokens=128,
+            seed=args.seed,
+        )
+        evaluation = report.get("evaluation") or {}
+        out[family] = {
+            "seconds": round(time.perf_counter() - t0, 1),
+            "tokens_per_cycle": (evaluation.get("overall") or {}).get("tokens_per_cycle"),
+            "lossless": evaluation.get("lossless"),
+        }
+    return out
 
 
 def _sample(args: argparse.Namespace) -> int:

@@ -1,0 +1,44 @@
+"""The embedded tiny family: it loads, decodes losslessly, and its drafter still accepts
+(a regression guard on tokens per cycle, measured with the real draft-verify loop)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from toolflash.engine.api import FinishEvent, GenerationRequest, TokenEvent
+from toolflash.engine.factory import assets_dir, build_engine
+
+# Measured tau on the fixed prompt below minus a margin (see MODEL_CARD.md); a broken feature
+# wiring, label shift or rollback bug drops it to ~1.0.
+TAU_FLOOR = {"qwen3-tiny": 1.15, "qwen35-tiny": 1.0}
+PROMPT = "Explain the function _find_exe in the distutils._msvccompiler module."
+
+
+def run(engine: Any, mode: str) -> tuple[list[int], Any]:
+    prompt = engine.encode_chat([{"role": "user", "content": PROMPT}], None, {"enable_thinking": False})
+    tokens: list[int] = []
+    stats = None
+    for event in engine.generate(GenerationRequest(tuple(prompt), 128, mode=mode)):  # type: ignore[arg-type]
+        if isinstance(event, TokenEvent):
+            tokens.extend(event.token_ids)
+        elif isinstance(event, FinishEvent):
+            stats = event.stats
+    return tokens, stats
+
+
+@pytest.mark.parametrize("name", ["qwen3-tiny", "qwen35-tiny"])
+def test_shipped_pair_is_lossless_and_accepts(name: str) -> None:
+    base = assets_dir()
+    engine = build_engine(str(base / name), str(base / f"{name}-dflash"))
+    ar, _ = run(engine, "ar")
+    spec, stats = run(engine, "spec")
+    assert spec == ar and len(ar) > 16
+    assert stats.tokens_per_cycle >= TAU_FLOOR[name]
+
+
+def test_default_engine_is_the_embedded_qwen3_pair() -> None:
+    engine = build_engine()
+    assert engine.model_id == "toolflash-tiny-qwen3" and engine.drafter is not None
+    assert engine.tool_call_format == "hermes"
