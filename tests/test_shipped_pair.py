@@ -12,12 +12,14 @@ from toolflash.engine.factory import assets_dir, build_engine
 
 # Measured tau on the fixed prompt below minus a margin (see MODEL_CARD.md); a broken feature
 # wiring, label shift or rollback bug drops it to ~1.0.
-TAU_FLOOR = {"qwen3-tiny": 1.15, "qwen35-tiny": 1.0}
+TAU_FLOOR = {"qwen3-tiny": 1.1, "qwen35-tiny": 1.05}  # measured 1.15 and 1.11
 PROMPT = "Explain the function _find_exe in the distutils._msvccompiler module."
 
 
 def run(engine: Any, mode: str) -> tuple[list[int], Any]:
-    prompt = engine.encode_chat([{"role": "user", "content": PROMPT}], None, {"enable_thinking": False})
+    prompt = engine.encode_chat(
+        [{"role": "user", "content": PROMPT}], None, {"enable_thinking": False}
+    )
     tokens: list[int] = []
     stats = None
     for event in engine.generate(GenerationRequest(tuple(prompt), 128, mode=mode)):  # type: ignore[arg-type]
