@@ -385,9 +385,6 @@ def generate(
             if not tokens:
                 # Decoding starts after the prefill's token.
                 cpu0 = time.process_time()
-                if controller is not None:
-                    # The prefill's token is emitted before the engine calls `start`.
-                    controller.observe_prefix(event.text)
             tokens.extend(event.token_ids)
         else:
             finish = event

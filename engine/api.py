@@ -152,8 +152,11 @@ class ModeDecision:
 
 class ModeController(Protocol):
     """Chooses the mode between cycles (the adaptive policy implements this). The engine calls
-    `start` after prefill, `after_step` after every cycle or AR step with what it committed,
-    and `finish` once with the totals."""
+    `observe_prefix` with the text of the token the prefill chose, `start` after it,
+    `after_step` after every cycle or AR step with what it committed, and `finish` once with
+    the totals."""
+
+    def observe_prefix(self, text: str) -> None: ...
 
     def start(self, prompt_tokens: int, default_block_size: int) -> ModeDecision: ...
 

@@ -176,8 +176,11 @@ class DFlashEngine:
         prefill_s = time.perf_counter() - t0
         t_decode = time.perf_counter()
         finished = matcher.check([first]) is not None
-        yield TokenEvent((first,), text.push([first]))
+        first_text = text.push([first])
+        yield TokenEvent((first,), first_text)
         if controller is not None and self.drafter is not None:
+            # The first token may already open a span (`<tool_call>`, `<think>`, `{`).
+            controller.observe_prefix(first_text or self.decode([first]))
             decision = controller.start(len(prompt), block_size)
             mode, block_size = decision.mode, decision.block_size
         reason: str | None = None

@@ -26,6 +26,9 @@ class DecisionLog:
         self.inner = inner
         self.decisions: list[LoggedDecision] = []
 
+    def observe_prefix(self, text: str) -> None:
+        self.inner.observe_prefix(text)
+
     def start(self, prompt_tokens: int, default_block_size: int) -> ModeDecision:
         decision = self.inner.start(prompt_tokens, default_block_size)
         self._note(0, decision)

@@ -102,6 +102,9 @@ class ScriptedController:
         self.steps: list[tuple[str, int, int]] = []
         self.finished: Any = None
 
+    def observe_prefix(self, text: str) -> None:
+        self.prefix = text
+
     def start(self, prompt_tokens: int, default_block_size: int) -> Any:
         from toolflash.engine.api import ModeDecision
 
@@ -130,6 +133,7 @@ def test_controller_drives_modes_losslessly(engine: Any) -> None:
     assert modes[:4] == ["spec", "ar", "spec", "ar"]
     assert all(bs == 4 for m, bs, _ in controller.steps if m == "spec")
     assert controller.finished is not None and controller.finished.completion_tokens == len(ref)
+    assert controller.prefix == engine.decode(ref[:1])  # the prefill's token reached it
 
 
 def test_tool_call_format_detection() -> None:

@@ -178,6 +178,9 @@ class SwitchToAr:
     def __init__(self) -> None:
         self.finished: list[int] = []
 
+    def observe_prefix(self, text: str) -> None:
+        pass
+
     def start(self, prompt_tokens: int, default_block_size: int) -> ModeDecision:
         return ModeDecision("spec", default_block_size, "start speculative")
 
