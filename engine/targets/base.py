@@ -64,6 +64,44 @@ class TargetAdapter(Protocol):
         ...
 
 
+class DecoderStack:
+    """What the Qwen families share: an mlx-lm text model (`text.model` holds the embedding,
+    the layers and the final norm), tied or separate lm_head, and feature capture."""
+
+    def __init__(self, model: Any, text: Any):
+        self.model = model
+        self.text = text
+        self.inner = text.model
+        self.layers = list(self.inner.layers)
+        args = text.args
+        self.hidden_size = int(args.hidden_size)
+        self.num_layers = len(self.layers)
+        self.vocab_size = int(self.inner.embed_tokens.weight.shape[0])
+        self.tied = bool(args.tie_word_embeddings)
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        return self.inner.embed_tokens(tokens)
+
+    def lm_head(self, hidden: mx.array) -> mx.array:
+        if self.tied:
+            return self.inner.embed_tokens.as_linear(hidden)
+        return self.text.lm_head(hidden)
+
+    def finish(self, h: mx.array, last_logits_only: bool) -> mx.array:
+        """Logits from the last layer's output."""
+        if last_logits_only:
+            h = h[:, -1:]
+        return self.lm_head(self.inner.norm(h))
+
+
+def features_in_order(captured: list[mx.array], capture: Sequence[int]) -> mx.array | None:
+    """Captured layer outputs arrive in layer order; concatenate them in `capture`'s order."""
+    if not capture:
+        return None
+    by_layer = dict(zip(sorted(set(capture)), captured))
+    return mx.concatenate([by_layer[i] for i in capture], axis=-1)
+
+
 def cache_offset(cache: list[Any]) -> int:
     """Tokens held by a session cache (read from its first attention layer)."""
     for c in cache:

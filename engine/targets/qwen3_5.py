@@ -22,9 +22,8 @@ from mlx_lm.models.gated_delta import compute_g, normalize_qk
 
 from toolflash.kernels import gated_delta
 
-from .base import ForwardResult
+from .base import DecoderStack, ForwardResult, features_in_order
 from .positional import qwen3_next_attention_at
-from .qwen3 import _concat_in_order
 
 
 @dataclass
@@ -73,34 +72,18 @@ def gated_delta_forward(
     return out, tape
 
 
-class Qwen35Target:
+class Qwen35Target(DecoderStack):
     """Walks the hybrid stack layer by layer, capturing hidden states and GDN tapes."""
 
     family = "qwen3_5"
 
     def __init__(self, model: Any):
-        self.model = model
-        self.text = model.language_model if hasattr(model, "language_model") else model
-        self.inner = self.text.model
-        self.layers = list(self.inner.layers)
-        args = self.text.args
-        self.hidden_size = int(args.hidden_size)
-        self.num_layers = len(self.layers)
-        self.vocab_size = int(self.inner.embed_tokens.weight.shape[0])
-        self.tied = bool(args.tie_word_embeddings)
-        self.conv_keep = int(args.linear_conv_kernel_dim) - 1
+        super().__init__(model, model.language_model if hasattr(model, "language_model") else model)
+        self.conv_keep = int(self.text.args.linear_conv_kernel_dim) - 1
         self.first_attention = next(i for i, layer in enumerate(self.layers) if not layer.is_linear)
 
     def make_cache(self) -> list[Any]:
         return [ArraysCache(size=2) if layer.is_linear else KVCache() for layer in self.layers]
-
-    def embed(self, tokens: mx.array) -> mx.array:
-        return self.inner.embed_tokens(tokens)
-
-    def lm_head(self, hidden: mx.array) -> mx.array:
-        if self.tied:
-            return self.inner.embed_tokens.as_linear(hidden)
-        return self.text.lm_head(hidden)
 
     def forward(
         self,
@@ -129,12 +112,11 @@ class Qwen35Target:
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             if i in capture:
                 captured.append(h)
-        if last_logits_only:
-            h = h[:, -1:]
-        logits = self.lm_head(self.inner.norm(h))
-        features = _concat_in_order(captured, capture, self.layers)
         return ForwardResult(
-            logits=logits, features=features, tokens=int(tokens.shape[1]), tape=tape
+            logits=self.finish(h, last_logits_only),
+            features=features_in_order(captured, capture),
+            tokens=int(tokens.shape[1]),
+            tape=tape,
         )
 
     def rollback(self, cache: list[Any], result: ForwardResult, keep: int) -> None:
