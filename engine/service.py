@@ -178,6 +178,7 @@ class DFlashEngine:
         finished = matcher.check([first]) is not None
         first_text = text.push([first])
         yield TokenEvent((first,), first_text)
+        # Without a drafter there is nothing to choose: the controller is not consulted.
         if controller is not None and self.drafter is not None:
             # The first token may already open a span (`<tool_call>`, `<think>`, `{`).
             controller.observe_prefix(first_text or self.decode([first]))
@@ -218,7 +219,7 @@ class DFlashEngine:
             decode_s=decode_s,
             cycles=tuple(cycles),
         )
-        if controller is not None:
+        if controller is not None and self.drafter is not None:
             controller.finish(stats)
         log.debug(
             "generation",
