@@ -14,6 +14,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from toolflash.engine.draft_loading import save_draft
 from toolflash.engine.drafter import DFlashDrafter, DraftConfig
 
+from .tiny_models import qwen35_text_config
+
 SPECIALS = [
     "<|endoftext|>",
     "<|im_start|>",
@@ -98,26 +100,7 @@ def write_qwen35_target(
     from mlx_lm.models import qwen3_5
 
     vocab = write_tokenizer(out)
-    text = {
-        "model_type": "qwen3_5_text",
-        "hidden_size": hidden,
-        "intermediate_size": 2 * hidden,
-        "num_hidden_layers": layers,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": hidden // 4,
-        "rms_norm_eps": 1e-6,
-        "vocab_size": vocab,
-        "max_position_embeddings": 2048,
-        "linear_num_value_heads": 4,
-        "linear_num_key_heads": 2,
-        "linear_key_head_dim": 32,
-        "linear_value_head_dim": 16,
-        "linear_conv_kernel_dim": 4,
-        "full_attention_interval": 2,
-        "tie_word_embeddings": False,
-        "rope_parameters": {"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
-    }
+    text = qwen35_text_config(vocab, layers, hidden, max_positions=2048)
     config = {
         "model_type": "qwen3_5",
         "text_config": text,

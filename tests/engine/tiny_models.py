@@ -33,9 +33,11 @@ def qwen3_target(seed: int = 0, layers: int = 4, hidden: int = 64) -> Any:
     return model
 
 
-def qwen35_target(seed: int = 0, layers: int = 4, hidden: int = 64) -> Any:
-    mx.random.seed(seed)
-    text = {
+def qwen35_text_config(
+    vocab: int = VOCAB, layers: int = 4, hidden: int = 64, max_positions: int = 4096
+) -> dict[str, Any]:
+    """A tiny Qwen3.5 hybrid `text_config` (GatedDeltaNet and attention layers alternate)."""
+    return {
         "model_type": "qwen3_5_text",
         "hidden_size": hidden,
         "intermediate_size": 2 * hidden,
@@ -44,8 +46,8 @@ def qwen35_target(seed: int = 0, layers: int = 4, hidden: int = 64) -> Any:
         "num_key_value_heads": 2,
         "head_dim": hidden // 4,
         "rms_norm_eps": 1e-6,
-        "vocab_size": VOCAB,
-        "max_position_embeddings": 4096,
+        "vocab_size": vocab,
+        "max_position_embeddings": max_positions,
         "linear_num_value_heads": 4,
         "linear_num_key_heads": 2,
         "linear_key_head_dim": 32,
@@ -59,6 +61,11 @@ def qwen35_target(seed: int = 0, layers: int = 4, hidden: int = 64) -> Any:
             "partial_rotary_factor": 0.5,
         },
     }
+
+
+def qwen35_target(seed: int = 0, layers: int = 4, hidden: int = 64) -> Any:
+    mx.random.seed(seed)
+    text = qwen35_text_config(VOCAB, layers, hidden)
     model = qwen3_5.Model(qwen3_5.ModelArgs(model_type="qwen3_5", text_config=text))
     _sharpen(model)
     return model
