@@ -33,6 +33,26 @@ class ContextLengthError(EngineError):
 
 
 @dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are drawn from the target's distribution. `temperature` 0 is greedy (the
+    default); the other fields shape the distribution or the logits before selection and
+    apply identically in AR and speculative mode."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One generation, already tokenized.
 
@@ -47,8 +67,7 @@ class GenerationRequest:
     block_size: int | None = None
     stop_token_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = ()
-    temperature: float = 0.0
-    seed: int | None = None
+    sampling: SamplingParams = SamplingParams()
     mode_plan: Mapping[int, Mode] = field(default_factory=dict)
     request_id: str = ""
     # Prompt positions where the prefix cache should publish a snapshot (e.g. the end of

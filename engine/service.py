@@ -26,6 +26,7 @@ from .api import (
     ModeController,
     TokenEvent,
 )
+from .choosers import build_chooser
 from .draft_context import DraftWindow
 from .drafter import DFlashDrafter
 from .session import GenerationSession
@@ -151,6 +152,7 @@ class DFlashEngine:
             self.drafter,
             window=self.options.window,
             prefill_chunk=self.options.prefill_chunk,
+            chooser=build_chooser(request, self.target.vocab_size),
         )
         matcher = StopMatcher(
             self.eos_ids | request.stop_token_ids,

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .acceptance import greedy_acceptance
 from .api import CycleRecord, Mode
 from .draft_context import DraftContext, DraftWindow
 from .drafter import DFlashDrafter
-from .host import host_int, host_ints
+from .selection import GreedyChooser, TokenChooser
 from .sparse import Lineage, SparseLineageError, SparseSelection
 from .state import SessionState, export_cache, restore_cache
 from .targets.base import TargetAdapter, cache_offset
@@ -29,7 +28,7 @@ from .targets.base import TargetAdapter, cache_offset
 # Given the tokens a step is about to commit, the index of the last one to emit when the
 # generation must end inside them (EOS, stop string, limit), else None.
 StopCheck = Callable[[Sequence[int]], "int | None"]
-# Proposes the block's draft tokens [1, block_size - 1] for the current session state.
+# The drafter's logits [1, block_size - 1, V] for block positions 1..L-1 in the current state.
 Proposer = Callable[["GenerationSession", int], mx.array]
 
 
@@ -52,6 +51,7 @@ class GenerationSession:
         window: DraftWindow | None = None,
         prefill_chunk: int = 512,
         proposer: Proposer | None = None,
+        chooser: TokenChooser | None = None,
     ):
         self.target = target
         self.drafter = drafter
@@ -61,6 +61,7 @@ class GenerationSession:
         self.mask_id = drafter.config.mask_token_id if drafter else -1
         self.prefill_chunk = prefill_chunk
         self.proposer: Proposer = proposer or dflash_proposal
+        self.chooser: TokenChooser = chooser or GreedyChooser()
         self.tokens: list[int] = []
         self.fed = 0
         self.cycles = 0
@@ -105,9 +106,12 @@ class GenerationSession:
                 pos = end
             if publish is not None and stop in publish_at:
                 publish(self.export_state())
-        logits = self.last_logits
-        assert logits is not None
-        first = host_int(mx.argmax(logits))
+        return self._commit_first(prompt)
+
+    def _commit_first(self, prompt: Sequence[int]) -> int:
+        assert self.last_logits is not None
+        first = self.chooser.choose(self.last_logits)
+        self.chooser.commit([first])
         self.tokens = [*prompt, first]
         self.fed = len(prompt)
         return first
@@ -155,11 +159,7 @@ class GenerationSession:
                 self.position_shift = pos - cache_offset(self.cache)
                 self._prefill_chunk(prompt[pos:end], pos)
         self.position_shift = len(prompt) - cache_offset(self.cache)
-        assert self.last_logits is not None
-        first = host_int(mx.argmax(self.last_logits))
-        self.tokens = [*prompt, first]
-        self.fed = len(prompt)
-        return first
+        return self._commit_first(prompt)
 
     # -- state -------------------------------------------------------------------------
     def export_state(self) -> SessionState:
@@ -197,24 +197,29 @@ class GenerationSession:
             mx.array([[self.staged]]), self.cache, self.capture, position_shift=self.position_shift
         )
         self.last_logits = res.logits[0, -1]
-        nxt = mx.argmax(self.last_logits)
         if self.draft_ctx is not None and res.features is not None:
             self.draft_ctx.add_features(res.features)
-            mx.eval(nxt, res.features)
-        token = host_int(nxt)
+            mx.eval(self.last_logits, res.features)
+        token = self.chooser.choose(self.last_logits)
         t1 = time.perf_counter()
         self.fed += 1
         end = stop_check([token])
         self.tokens.append(token)
+        self.chooser.commit([token])
         return self._finish_step("ar", 1, 0, 0, [token], end, 0.0, t1 - t0, 0.0)
 
     def _spec_cycle(self, block_size: int, stop_check: StopCheck) -> StepResult:
         t0 = time.perf_counter()
-        draft = self.proposer(self, block_size)
+        # A constraint that forces the next tokens drafts them for free (no drafter run).
+        proposal = self.chooser.forced(block_size - 1)
+        if proposal is None:
+            proposal = self.chooser.draft(self.proposer(self, block_size)[0])
+        draft = proposal.tokens
         mx.eval(draft)
+        drafted = int(draft.shape[0])
         t1 = time.perf_counter()
 
-        verify_in = mx.concatenate([mx.array([[self.staged]]), draft], axis=1)
+        verify_in = mx.concatenate([mx.array([[self.staged]]), draft[None].astype(mx.int32)], axis=1)
         res = self.target.forward(
             verify_in,
             self.cache,
@@ -222,13 +227,11 @@ class GenerationSession:
             keep_tape=True,
             position_shift=self.position_shift,
         )
-        choice = mx.argmax(res.logits[0], axis=-1)
-        accepted_arr = greedy_acceptance(draft[0], choice)
-        mx.eval(choice, accepted_arr)
+        verdict = self.chooser.verify(proposal, res.logits[0])
         t2 = time.perf_counter()
 
-        accepted = host_int(accepted_arr)
-        committed = host_ints(draft[0])[:accepted] + [host_int(choice[accepted])]
+        accepted = verdict.accepted
+        committed = verdict.tokens
         end = stop_check(committed)
         if end is not None:
             committed = committed[: end + 1]
@@ -239,9 +242,10 @@ class GenerationSession:
             self.draft_ctx.add_features(res.features[:, :keep])
         self.fed += keep
         self.tokens.extend(committed)
+        self.chooser.commit(committed)
         t3 = time.perf_counter()
         return self._finish_step(
-            "spec", block_size, block_size - 1, accepted, committed, end, t1 - t0, t2 - t1, t3 - t2
+            "spec", drafted + 1, drafted, accepted, committed, end, t1 - t0, t2 - t1, t3 - t2
         )
 
     def _finish_step(
@@ -273,12 +277,12 @@ class GenerationSession:
 
 
 def dflash_proposal(session: GenerationSession, block_size: int) -> mx.array:
-    """The DFlash draft: denoise [staged, mask * (L-1)] against the drafter context and take
-    the target lm_head's argmax at block positions 1..L-1."""
+    """The DFlash draft: denoise [staged, mask * (L-1)] against the drafter context; the
+    target's lm_head scores block positions 1..L-1 (the chooser turns them into tokens)."""
     assert session.drafter is not None and session.draft_ctx is not None
     ctx_kv = session.draft_ctx.absorb()
     block = mx.array([[session.staged] + [session.mask_id] * (block_size - 1)])
     drafter = session.drafter
     positions = session.draft_ctx.positions_array() if drafter.has_sliding_layers else None
     hidden = drafter.denoise(session.target.embed(block), session.fed, ctx_kv, None, positions)
-    return mx.argmax(session.target.lm_head(hidden[:, 1:]), axis=-1)
+    return session.target.lm_head(hidden[:, 1:])

@@ -11,7 +11,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from toolflash.engine.api import Engine, FinishEvent, GenerationRequest, TokenEvent
+from toolflash.engine.api import (
+    Engine,
+    FinishEvent,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+)
 from toolflash.gateway import sse
 from toolflash.gateway.chat_output import (
     ChatOutput,
@@ -148,8 +154,8 @@ def chat_preparer(
             mode=config.mode,
             block_size=config.block_size,
             stop_strings=stop_strings(req.stop),
-            temperature=0.0,  # greedy-only engine; the response says sampling "greedy"
-            seed=req.seed,
+            # Greedy until sampled decoding lands; the response says sampling "greedy".
+            sampling=SamplingParams(seed=req.seed),
             request_id=request_id,
             # The prefix cache publishes here so the agent's next turn (same history plus
             # more) restores instead of recomputing.

@@ -10,7 +10,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from toolflash.engine.api import Engine, FinishEvent, GenerationRequest, TokenEvent
+from toolflash.engine.api import (
+    Engine,
+    FinishEvent,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+)
 from toolflash.gateway import sse
 from toolflash.gateway.config import GatewayConfig
 from toolflash.gateway.errors import BadRequest, to_gateway_error
@@ -67,8 +73,8 @@ def completion_preparer(
             mode=config.mode,
             block_size=config.block_size,
             stop_strings=stop_strings(req.stop),
-            temperature=0.0,
-            seed=req.seed,
+            # Greedy until sampled decoding lands; the response says sampling "greedy".
+            sampling=SamplingParams(seed=req.seed),
             request_id=request_id,
         )
         request_class = classify(

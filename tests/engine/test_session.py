@@ -59,6 +59,11 @@ def run(
     return session.tokens[: len(PROMPT) + n_out]
 
 
+def one_hot_logits(tokens: Sequence[int]) -> mx.array:
+    """Drafter logits [1, n, VOCAB] whose argmax is `tokens`."""
+    return mx.where(mx.arange(VOCAB)[None] == mx.array(tokens)[:, None], 10.0, 0.0)[None]
+
+
 def oracle(reference: list[int], p_wrong: float, seed: int = 0) -> Any:
     """Proposes the true continuation with random corruptions: partial acceptance at
     arbitrary positions, which a random drafter never produces."""
@@ -70,7 +75,7 @@ def oracle(reference: list[int], p_wrong: float, seed: int = 0) -> Any:
         for i in range(block_size - 1):
             tok = reference[start + i] if start + i < len(reference) else 0
             out.append((tok + 1) % VOCAB if rng.random() < p_wrong else tok)
-        return mx.array([out])
+        return one_hot_logits(out)
 
     return propose
 

@@ -304,7 +304,7 @@ def test_stop_strings_and_seed(served: Served) -> None:
     assert r.choices[0].message.content == "one two " and r.choices[0].finish_reason == "stop"
     assert served.engine.last_request is not None
     assert served.engine.last_request.stop_strings == ("STOP",)
-    assert served.engine.last_request.seed == 7
+    assert served.engine.last_request.sampling.seed == 7
 
 
 def test_temperature_is_accepted_and_decoded_greedily(served: Served) -> None:
@@ -312,7 +312,7 @@ def test_temperature_is_accepted_and_decoded_greedily(served: Served) -> None:
         model="fake-model", messages=user("hot"), temperature=0.9, top_p=0.5
     )
     assert r.model_extra["toolflash"]["sampling"] == "greedy"
-    assert served.engine.last_request.temperature == 0.0
+    assert served.engine.last_request.sampling.temperature == 0.0
 
 
 def test_max_tokens_and_default_budget(served: Served) -> None:

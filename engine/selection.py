@@ -1,0 +1,140 @@
+"""Token selection: which tokens a step commits. One rule serves both modes, so a session can
+switch between AR and speculation at any cycle and still emit exactly what AR would.
+
+A `TokenChooser` turns target logits into committed tokens (AR: one position; speculative:
+verify a drafted block) and turns the drafter's logits into a `Proposal`. Greedy decoding is
+`GreedyChooser`; sampled decoding and grammar constraints plug in as other choosers or as
+`LogitsProcessor`s, which rewrite the target's logits row by row (penalties, bias, grammar
+masks) with the drafted tokens before each row taken into account.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import mlx.core as mx
+
+from .acceptance import greedy_acceptance
+from .host import host_int, host_ints
+
+
+class LogitsProcessor(Protocol):
+    """Rewrites target logits before selection. Stateful: it follows the committed output."""
+
+    def process(self, logits: mx.array, draft: Sequence[int]) -> tuple[mx.array, int]:
+        """`logits` [n, V]: row i scores the token after the committed tokens + `draft[:i]`
+        (n <= len(draft) + 1). Returns the processed rows and how many leading `draft`
+        tokens this processor allows (len(draft) when it has no objection); rows after the
+        first disallowed token are never used."""
+        ...
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """The output tokens the session committed, in order (called once per step)."""
+        ...
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that must come next whatever the model says ([] if none)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Drafted tokens for block positions 1..L-1 and the distribution they were drawn from.
+
+    `probs` [L-1, V] is the drafter's (processed) distribution q at each position; None when
+    the tokens are deterministic (greedy argmax, or forced by a constraint)."""
+
+    tokens: mx.array  # [L-1] int
+    probs: mx.array | None = None
+    forced: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of verifying a block: `accepted` drafted tokens kept, then `tokens` = those
+    plus the one token the target chose after them."""
+
+    accepted: int
+    tokens: list[int]
+
+
+class TokenChooser(Protocol):
+    """Selects committed tokens from target logits, the same way in both modes."""
+
+    def choose(self, logits: mx.array) -> int:
+        """The next token from target logits [V] at the staged position (AR, and prefill)."""
+        ...
+
+    def draft(self, drafter_logits: mx.array) -> Proposal:
+        """A proposal from the drafter's logits [L-1, V] for block positions 1..L-1."""
+        ...
+
+    def forced(self, limit: int) -> Proposal | None:
+        """A proposal of tokens the output constraint forces (no drafter run), or None."""
+        ...
+
+    def verify(self, proposal: Proposal, target_logits: mx.array) -> Verdict:
+        """Accept a prefix of `proposal` against the target's logits [L, V] (row i scores the
+        token after the staged token + the first i drafted tokens) and choose one more."""
+        ...
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """The tokens the session finally kept from the last choose/verify (a stop may have
+        cut them short)."""
+        ...
+
+
+def _apply(
+    processors: Sequence[LogitsProcessor], logits: mx.array, draft: Sequence[int]
+) -> tuple[mx.array, int]:
+    allowed = len(draft)
+    for p in processors:
+        logits, ok = p.process(logits, draft)
+        allowed = min(allowed, ok)
+    return logits, allowed
+
+
+def forced_from(processors: Sequence[LogitsProcessor], limit: int) -> list[int]:
+    """The first non-empty forced run any processor reports."""
+    for p in processors:
+        run = p.forced(limit)
+        if run:
+            return run[:limit]
+    return []
+
+
+class GreedyChooser:
+    """Greedy decoding: the target's (processed) argmax. With no processors, verification is
+    a single host sync per cycle, as in the unconstrained engine."""
+
+    def __init__(self, processors: Sequence[LogitsProcessor] = ()):
+        self.processors = list(processors)
+
+    def choose(self, logits: mx.array) -> int:
+        if self.processors:
+            logits = _apply(self.processors, logits[None], ())[0][0]
+        return host_int(mx.argmax(logits))
+
+    def draft(self, drafter_logits: mx.array) -> Proposal:
+        return Proposal(mx.argmax(drafter_logits, axis=-1))
+
+    def forced(self, limit: int) -> Proposal | None:
+        run = forced_from(self.processors, limit)
+        return Proposal(mx.array(run), forced=True) if run else None
+
+    def verify(self, proposal: Proposal, target_logits: mx.array) -> Verdict:
+        draft = proposal.tokens
+        allowed = int(draft.shape[0])
+        if self.processors:
+            target_logits, allowed = _apply(self.processors, target_logits, host_ints(draft))
+        choice = mx.argmax(target_logits, axis=-1)
+        accepted_arr = greedy_acceptance(draft, choice)
+        mx.eval(choice, accepted_arr)
+        accepted = min(host_int(accepted_arr), allowed)
+        return Verdict(accepted, host_ints(draft)[:accepted] + [host_int(choice[accepted])])
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        for p in self.processors:
+            p.commit(tokens)
