@@ -3,13 +3,17 @@ processors its fields ask for (penalties, bias, output constraints)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .api import GenerationRequest
+from .constraints import constraint_processors
 from .selection import GreedyChooser, LogitsProcessor, TokenChooser
 
 
-def build_chooser(request: GenerationRequest, vocab_size: int) -> TokenChooser:
+def build_chooser(request: GenerationRequest, vocab_size: int, tokenizer: Any) -> TokenChooser:
     """The chooser for `request` over a vocabulary of `vocab_size` logits."""
     processors: list[LogitsProcessor] = []
+    processors.extend(constraint_processors(request, tokenizer))
     if not request.sampling.greedy:
         raise NotImplementedError("sampled decoding is not implemented yet")
     return GreedyChooser(processors)

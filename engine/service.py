@@ -152,7 +152,7 @@ class DFlashEngine:
             self.drafter,
             window=self.options.window,
             prefill_chunk=self.options.prefill_chunk,
-            chooser=build_chooser(request, self.target.vocab_size),
+            chooser=build_chooser(request, self.target.vocab_size, self.tokenizer),
         )
         matcher = StopMatcher(
             self.eos_ids | request.stop_token_ids,
