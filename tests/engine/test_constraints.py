@@ -1,0 +1,271 @@
+"""Grammar-constrained decoding on the shipped tiny pair: outputs follow the grammar, and
+constrained speculative decoding (with and without the forced-stretch fast path) commits exactly
+the tokens constrained AR decoding commits."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from toolflash.engine.api import GenerationRequest, Mode, OutputConstraint, ToolSpec
+from toolflash.engine.constraints import constraint_processors
+from toolflash.engine.constraints.grammar import ConstraintError, build_grammar, check_schema
+from toolflash.engine.constraints.processor import GrammarProcessor, apply_bitmask
+from toolflash.engine.constraints.tokenizer import grammar_tokenizer
+from toolflash.engine.factory import build_engine
+from toolflash.engine.selection import GreedyChooser
+from toolflash.engine.session import GenerationSession
+from toolflash.engine.stops import StopMatcher
+from toolflash.gateway.reasoning import ReasoningSplitter
+from toolflash.gateway.tool_parsers import CallClosed, get_parser
+
+# Agent-shaped schemas: nested objects, arrays, enums, numbers, optional fields, escapes.
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "user": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "email": {"type": "string"},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    },
+    "plan": {
+        "type": "object",
+        "properties": {
+            "steps": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 3,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "action": {"enum": ["read", "edit", "run", "search"]},
+                        "path": {"type": "string"},
+                        "confidence": {"type": "number"},
+                    },
+                    "required": ["action", "path"],
+                    "additionalProperties": False,
+                },
+            },
+            "done": {"type": "boolean"},
+        },
+        "required": ["steps", "done"],
+        "additionalProperties": False,
+    },
+    "edit": {
+        "type": "object",
+        "properties": {
+            "file": {"type": "string", "pattern": "^[a-z_/]+\\.py$"},
+            "old": {"type": "string", "maxLength": 40},
+            "new": {"type": "string", "maxLength": 40},
+            "line": {"type": ["integer", "null"]},
+        },
+        "required": ["file", "old", "new"],
+        "additionalProperties": False,
+    },
+}
+
+PROMPTS = {
+    "user": "Give me a JSON object describing a user.",
+    "plan": "Return the plan as JSON: which files to read and edit to fix the failing test.",
+    "edit": 'Write a JSON edit that replaces print("hi\\n") with a log call in src/app.py.',
+}
+
+WEATHER = ToolSpec(
+    "get_weather",
+    {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        },
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+    strict=True,
+)
+SEARCH = ToolSpec(
+    "search_code",
+    {
+        "type": "object",
+        "properties": {"query": {"type": "string"}, "max_results": {"type": "integer"}},
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+)
+
+
+def _openai_tool(t: ToolSpec) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": t.name, "parameters": t.parameters}}
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    return build_engine()
+
+
+def decode(
+    engine: Any,
+    request: GenerationRequest,
+    mode: Mode,
+    fast_forward: bool = True,
+) -> tuple[list[int], GrammarProcessor | None]:
+    """Run one generation through a session (as the engine does), keeping the processor."""
+    procs = list(constraint_processors(request, engine.tokenizer, fast_forward=fast_forward))
+    session = GenerationSession(
+        engine.target, engine.drafter, window=engine.options.window, chooser=GreedyChooser(procs)
+    )
+    stops = StopMatcher(engine.eos_ids, (), request.max_tokens, engine.decode)
+    out = [session.prefill(list(request.prompt_tokens))]
+    finished = stops.check(out) is not None
+    while not finished:
+        step = session.step(mode, min(16, stops.remaining), stops.check)
+        out += step.tokens
+        finished = step.finished
+    proc = procs[0] if procs else None
+    assert proc is None or isinstance(proc, GrammarProcessor)
+    return out, proc
+
+
+def content_of(engine: Any, tokens: list[int]) -> str:
+    text = engine.decode([t for t in tokens if t not in engine.eos_ids])
+    splitter = ReasoningSplitter(start_in_reasoning=False)
+    parts = splitter.feed(text) + splitter.close()
+    return "".join(t for channel, t in parts if channel == "content")
+
+
+def all_modes_agree(engine: Any, request: GenerationRequest) -> tuple[list[int], GrammarProcessor]:
+    ar, _ = decode(engine, request, "ar")
+    spec, proc = decode(engine, request, "spec")
+    spec_slow, _ = decode(engine, request, "spec", fast_forward=False)
+    assert spec == ar, "constrained spec (fast-forward) differs from constrained AR"
+    assert spec_slow == ar, "constrained spec (drafter only) differs from constrained AR"
+    assert proc is not None
+    assert ar[-1] in engine.eos_ids, "the grammar should finish well inside max_tokens"
+    return ar, proc
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_schema_outputs_validate_and_spec_equals_ar(engine: Any, name: str) -> None:
+    schema = SCHEMAS[name]
+    prompt = engine.encode_chat(
+        [{"role": "user", "content": PROMPTS[name]}], None, {"enable_thinking": False}
+    )
+    request = GenerationRequest(
+        tuple(prompt), 200, constraint=OutputConstraint("json", schema=schema)
+    )
+    tokens, proc = all_modes_agree(engine, request)
+    value = json.loads(content_of(engine, tokens))
+    jsonschema.validate(value, schema)
+    assert proc.stats.masks > 0 and proc.stats.forced_tokens > 0
+
+
+def test_json_object_with_optional_thinking(engine: Any) -> None:
+    prompt = engine.encode_chat([{"role": "user", "content": PROMPTS["user"]}])
+    constraint = OutputConstraint("json", reasoning="optional")
+    tokens, _ = all_modes_agree(
+        engine, GenerationRequest(tuple(prompt), 200, constraint=constraint)
+    )
+    assert isinstance(json.loads(content_of(engine, tokens)), dict)
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder"])
+@pytest.mark.parametrize("choice", ["named", "required"])
+def test_forced_tool_call_parses_and_validates(engine: Any, fmt: str, choice: str) -> None:
+    tools = (WEATHER, SEARCH)
+    messages = [{"role": "user", "content": "Find where the retry logic is implemented."}]
+    prompt = engine.encode_chat(
+        messages,
+        [_openai_tool(t) for t in tools],
+        {"enable_thinking": False, "tool_call_format": fmt},
+    )
+    offered = tools if choice == "required" else (WEATHER,)
+    constraint = OutputConstraint(
+        "tool_calls", tools=offered, tool_format=fmt, parallel_calls=False
+    )
+    tokens, _ = all_modes_agree(
+        engine, GenerationRequest(tuple(prompt), 200, constraint=constraint)
+    )
+    schemas = {t.name: t.parameters for t in tools}
+    pieces = get_parser(fmt).parse(content_of(engine, tokens), schemas)
+    calls = [p for p in pieces if isinstance(p, CallClosed)]
+    assert len(calls) == 1 and calls[0].ok, pieces
+    assert calls[0].name in {t.name for t in offered}
+    jsonschema.validate(json.loads(calls[0].arguments), schemas[calls[0].name])
+
+
+def test_auto_with_strict_tool_keeps_text_free_and_calls_valid(engine: Any) -> None:
+    tools = (WEATHER, SEARCH)
+    prompt = engine.encode_chat(
+        [{"role": "user", "content": "What's the weather in Paris in celsius?"}],
+        [_openai_tool(t) for t in tools],
+        {"enable_thinking": False},
+    )
+    constraint = OutputConstraint("tool_calls", tools=tools, require_call=False)
+    tokens, _ = all_modes_agree(
+        engine, GenerationRequest(tuple(prompt), 200, constraint=constraint)
+    )
+    schemas = {t.name: t.parameters for t in tools}
+    for p in get_parser("hermes").parse(content_of(engine, tokens), schemas):
+        if isinstance(p, CallClosed) and p.name == WEATHER.name:
+            assert p.ok
+            jsonschema.validate(json.loads(p.arguments), schemas[p.name])
+
+
+def test_process_cuts_draft_at_forbidden_token_and_rolls_back(engine: Any) -> None:
+    gt = grammar_tokenizer(engine.tokenizer)
+    constraint = OutputConstraint("json", schema=SCHEMAS["user"])
+    proc = GrammarProcessor(gt.matcher(build_grammar(constraint, gt.is_special)), 4096, gt.eos_ids)
+    good = engine.encode('{"name": "A')
+    bad = engine.encode('{"nope')
+    vocab = int(engine.target.vocab_size)
+    logits = np.zeros((len(bad) + 1, vocab), dtype=np.float32)
+    before = proc.matcher.compute_ff_tokens()
+    rows, allowed = proc.process(mx.array(logits), bad)
+    assert allowed == 1  # `{"` then `nope` is not a property of the schema
+    assert proc.matcher.compute_ff_tokens() == before  # rolled back to the committed state
+    row0 = np.array(rows[0])
+    assert np.isfinite(row0[good[0]]) and np.isneginf(row0[bad[-1]])
+    _, allowed = proc.process(mx.array(logits[: len(good) + 1]), good)
+    assert allowed == len(good)
+    proc.commit(good)
+    assert proc.stats.grammar_rejected == len(bad) - 1
+    rows, _ = proc.process(mx.array(logits[:1]), [])
+    assert np.isneginf(np.array(rows[0])[min(engine.eos_ids)])  # no EOS mid-string
+
+
+def test_apply_bitmask_pads_wider_logits() -> None:
+    bitmask = np.zeros((1, 1), dtype=np.int32)
+    bitmask[0, 0] = 0b101
+    out = np.array(apply_bitmask(mx.zeros((1, 40)), bitmask))
+    assert list(np.isfinite(out[0]).nonzero()[0]) == [0, 2]
+
+
+def test_check_schema_names_the_problem() -> None:
+    with pytest.raises(ConstraintError, match="not"):
+        check_schema({"type": "object", "properties": {"a": {"not": {"type": "string"}}}})
+    with pytest.raises(ConstraintError, match="not a valid JSON schema"):
+        check_schema({"type": "strin"})
+    with pytest.raises(ConstraintError, match="missing"):
+        check_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})
+    check_schema({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, strict=False)
+
+
+def test_xml_pattern_on_raw_string_is_refused(engine: Any) -> None:
+    gt = grammar_tokenizer(engine.tokenizer)
+    tool = ToolSpec(
+        "f", {"type": "object", "properties": {"p": {"type": "string", "pattern": "a+"}}}, True
+    )
+    with pytest.raises(ConstraintError, match="pattern"):
+        build_grammar(
+            OutputConstraint("tool_calls", tools=(tool,), tool_format="qwen3_coder"), gt.is_special
+        )
