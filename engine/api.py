@@ -53,6 +53,44 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class ToolSpec:
+    """A tool an output constraint may call: its name, JSON-schema `parameters` (None: any
+    object) and whether its arguments must validate against them (`strict`)."""
+
+    name: str
+    parameters: Mapping[str, Any] | None = None
+    strict: bool = False
+
+
+ConstraintKind = Literal["json", "tool_calls"]
+# How a constraint treats a leading `<think>` block: "none" constrains from the first token
+# (thinking off or already closed in the prompt), "optional" lets the model open and close one
+# first (free text), "open" means the prompt ended inside `<think>` (free text up to `</think>`).
+ReasoningMode = Literal["none", "optional", "open"]
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    """A grammar the output must follow (enforced by masking the target's logits in both modes).
+
+    `json`: one JSON value valid against `schema` (None: any JSON object); `strict` False
+    ignores schema keywords the grammar engine cannot enforce instead of refusing them.
+    `tool_calls`: `require_call` True (tool_choice "required" or named) forces one call, or
+    several when `parallel_calls`, to one of `tools` in `tool_format` ("hermes" or
+    "qwen3_coder"); False (tool_choice "auto") leaves text free and only makes calls
+    well-formed, with the arguments of `strict` tools valid against their schema."""
+
+    kind: ConstraintKind
+    schema: Mapping[str, Any] | None = None
+    strict: bool = True
+    tools: tuple[ToolSpec, ...] = ()
+    require_call: bool = True
+    parallel_calls: bool = True
+    tool_format: str = "hermes"
+    reasoning: ReasoningMode = "none"
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One generation, already tokenized.
 
@@ -73,6 +111,8 @@ class GenerationRequest:
     # Prompt positions where the prefix cache should publish a snapshot (e.g. the end of
     # system + tools + history, before the generation header).
     publish_at: tuple[int, ...] = ()
+    # A grammar the output must follow (response_format, forced or strict tool calls).
+    constraint: OutputConstraint | None = None
 
 
 @dataclass(frozen=True)
