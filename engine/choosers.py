@@ -7,6 +7,7 @@ from typing import Any
 
 from .api import GenerationRequest
 from .constraints import constraint_processors
+from .sampling import SamplingChooser, sampling_processors
 from .selection import GreedyChooser, LogitsProcessor, TokenChooser
 
 
@@ -14,6 +15,9 @@ def build_chooser(request: GenerationRequest, vocab_size: int, tokenizer: Any) -
     """The chooser for `request` over a vocabulary of `vocab_size` logits."""
     processors: list[LogitsProcessor] = []
     processors.extend(constraint_processors(request, tokenizer))
-    if not request.sampling.greedy:
-        raise NotImplementedError("sampled decoding is not implemented yet")
-    return GreedyChooser(processors)
+    # Penalties and bias apply after the grammar mask (a masked token stays at -inf).
+    own = sampling_processors(request.sampling, vocab_size)
+    processors.extend(own)
+    if request.sampling.greedy:
+        return GreedyChooser(processors)
+    return SamplingChooser(request.sampling, vocab_size, processors, own)

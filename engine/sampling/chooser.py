@@ -1,0 +1,103 @@
+"""`SamplingChooser`: sampled decoding behind the `TokenChooser` seam, exact in both modes.
+
+AR (and the prefill's first token) draws from the target's processed distribution p. A
+speculative cycle draws each block position from the drafter's processed distribution q, then
+`rejection_verify` keeps a prefix and draws one more token, so the committed tokens follow p
+exactly as AR draws would. The same processors (penalties, bias, grammar masks) shape p in
+both modes; the drafter's q only needs to be the distribution its tokens came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import mlx.core as mx
+
+from ..api import SamplingParams
+from ..host import host_int, host_ints
+from ..selection import LogitsProcessor, Proposal, Verdict, _apply, forced_from
+from .rejection import one_hot, rejection_verify
+from .rng import ACCEPT, CHOOSE, DRAFT, RESAMPLE, KeySchedule
+from .shaping import Shaping, shape_logprobs
+
+
+class ProposalAdjuster(Protocol):
+    """A processor that can also shape the drafter's rows (all block positions at once)."""
+
+    def adjust_proposal(self, logits: mx.array) -> mx.array: ...
+
+
+class SamplingChooser:
+    """Temperature > 0 decoding with top-k/top-p/min-p, processors and a seeded key schedule.
+
+    `processors` rewrite the target's rows (row i sees the committed output + draft[:i]);
+    `proposal_adjusters` (penalties, bias) also shape the drafter's rows so q stays close to
+    p. Grammar processors are not applied to q: a drafted token they forbid has p = 0 and is
+    rejected, which costs speed, never exactness."""
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        vocab_size: int,
+        processors: Sequence[LogitsProcessor] = (),
+        proposal_adjusters: Sequence[ProposalAdjuster] = (),
+    ):
+        if params.greedy:
+            raise ValueError("SamplingChooser needs temperature > 0 (use GreedyChooser)")
+        self.shaping = Shaping.of(params)
+        self.vocab_size = vocab_size
+        self.processors = list(processors)
+        self.proposal_adjusters = list(proposal_adjusters)
+        self.keys = KeySchedule(params.seed)
+        self.position = 0  # output tokens committed so far: keys are per position
+
+    def target_probs(self, logits: mx.array, draft: Sequence[int]) -> tuple[mx.array, int]:
+        """The target's processed distribution p [n, V] and the processors' allowed prefix."""
+        allowed = len(draft)
+        if self.processors:
+            logits, allowed = _apply(self.processors, logits, draft)
+        return mx.exp(shape_logprobs(logits, self.shaping)), allowed
+
+    def choose(self, logits: mx.array) -> int:
+        rows = logits[None]
+        if self.processors:
+            rows = _apply(self.processors, rows, ())[0]
+        logprobs = shape_logprobs(rows, self.shaping)[0]
+        return host_int(mx.random.categorical(logprobs, key=self.keys.key(CHOOSE, self.position)))
+
+    def draft(self, drafter_logits: mx.array) -> Proposal:
+        x = drafter_logits
+        for adjuster in self.proposal_adjusters:
+            x = adjuster.adjust_proposal(x)
+        logq = shape_logprobs(x, self.shaping)
+        tokens = mx.random.categorical(logq, key=self.keys.key(DRAFT, self.position))
+        return Proposal(tokens, probs=mx.exp(logq))
+
+    def forced(self, limit: int) -> Proposal | None:
+        run = forced_from(self.processors, limit)
+        return Proposal(mx.array(run), forced=True) if run else None
+
+    def verify(self, proposal: Proposal, target_logits: mx.array) -> Verdict:
+        draft = proposal.tokens
+        k = int(draft.shape[0])
+        draft_list = host_ints(draft) if self.processors else []
+        p, allowed = self.target_probs(target_logits, draft_list)
+        q = proposal.probs if proposal.probs is not None else one_hot(draft, p.shape[-1])
+        accepted_arr, token_arr = rejection_verify(
+            draft,
+            q,
+            p,
+            self.keys.key(ACCEPT, self.position),
+            self.keys.key(RESAMPLE, self.position),
+            allowed if self.processors and allowed < k else None,
+        )
+        mx.eval(accepted_arr, token_arr)
+        accepted = host_int(accepted_arr)
+        kept = (draft_list or host_ints(draft))[:accepted]
+        return Verdict(accepted, kept + [host_int(token_arr)])
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self.position += len(tokens)
+        for p in self.processors:
+            p.commit(tokens)
