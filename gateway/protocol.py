@@ -269,6 +269,11 @@ class Timings(BaseModel):
     e2e_s: float
 
 
+class StructuredOutputCheck(BaseModel):
+    valid: bool
+    error: str | None = None
+
+
 class ToolflashInfo(BaseModel):
     """How a response was decoded (the `toolflash` object in bodies and the final chunk)."""
 
@@ -290,6 +295,8 @@ class ToolflashInfo(BaseModel):
     tool_calls: list[ToolCallReportModel] = []
     rejected_tool_spans: list[dict[str, Any]] = []
     ignored_fields: list[str] = []
+    # response_format JSON: the final jsonschema check of the answer ({"valid", "error"}).
+    structured_output: StructuredOutputCheck | None = None
 
 
 class ResponseToolCall(BaseModel):

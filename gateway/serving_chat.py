@@ -57,6 +57,7 @@ from toolflash.gateway.serving import (
     token_budget,
     watch_disconnect,
 )
+from toolflash.gateway.structured import JsonAnswer, build_constraint, for_prompt, reasoning_mode
 from toolflash.gateway.tool_parsers import get_parser
 from toolflash.gateway.validation import check_chat_supported
 from toolflash.gateway.worker import Prepared
@@ -134,9 +135,23 @@ def chat_preparer(
     tool_choice = req.tool_choice or "auto"
     if not isinstance(tool_choice, str):
         tool_choice = "named"
+    # response_format / forced or strict tools: a grammar (a bad schema is a 400 here).
+    constraint = build_constraint(req)
 
     def prepare(engine: Engine) -> Prepared:
         tokens = render(engine, messages, tools, template_kwargs)
+        # Templates that open the answer inside <think> leave the tag at the prompt's end.
+        tail = engine.decode(tokens[-8:])
+        start_in_reasoning = tail.rstrip().endswith("<think>")
+        bound = (
+            for_prompt(
+                constraint,
+                engine.tool_call_format,
+                reasoning_mode(tail, thinking, start_in_reasoning),
+            )
+            if constraint is not None
+            else None
+        )
         max_tokens, clamped = token_budget(
             len(tokens), requested, engine.context_length, config.default_max_tokens
         )
@@ -147,6 +162,9 @@ def chat_preparer(
             enable_thinking=thinking if isinstance(thinking, bool) else None,
             last_role=req.messages[-1].role,
             prompt_tokens=len(tokens),
+            strict_tools=bound is not None
+            and bound.kind == "tool_calls"
+            and not bound.require_call,
         )
         request = GenerationRequest(
             prompt_tokens=tuple(tokens),
@@ -160,9 +178,8 @@ def chat_preparer(
             # The prefix cache publishes here so the agent's next turn (same history plus
             # more) restores instead of recomputing.
             publish_at=_stable_prefix(engine, messages, tools, template_kwargs, tokens),
+            constraint=bound,
         )
-        # Templates that open the answer inside <think> leave the tag at the prompt's end.
-        start_in_reasoning = engine.decode(tokens[-8:]).rstrip().endswith("<think>")
         return Prepared(
             request,
             request_class,
@@ -236,11 +253,17 @@ async def create_chat_completion(request: Request) -> Response:
             start_in_reasoning=prepared.start_in_reasoning,
             parallel_tool_calls=req.parallel_tool_calls is not False,
         )
+        bound = prepared.request.constraint
+        answer = (
+            JsonAnswer(bound, stop_strings(req.stop))
+            if bound is not None and bound.kind == "json"
+            else None
+        )
         if req.stream:
             watcher.cancel()  # StreamingResponse watches for the disconnect from here on
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
-                stream_chat(run, output, include_usage),
+                stream_chat(run, output, include_usage, answer),
                 media_type="text/event-stream",
                 headers={
                     "x-toolflash-mode": prepared.request.mode,
@@ -248,7 +271,7 @@ async def create_chat_completion(request: Request) -> Response:
                     "cache-control": "no-cache",
                 },
             )
-        return await complete_chat(run, output)
+        return await complete_chat(run, output, answer)
     finally:
         watcher.cancel()
 
@@ -264,14 +287,19 @@ def _usage(run: RequestRun) -> Usage:
     )
 
 
-def _extra(output: ChatOutput) -> dict[str, Any]:
-    return {
+def _extra(output: ChatOutput, answer: JsonAnswer | None = None) -> dict[str, Any]:
+    extra: dict[str, Any] = {
         "tool_calls": [r.as_dict() for r in output.reports],
         "rejected_tool_spans": output.rejected,
     }
+    if answer is not None:
+        extra["structured_output"] = answer.as_dict()
+    return extra
 
 
-async def _drive(run: RequestRun, output: ChatOutput) -> AsyncIterator[list[Delta]]:
+async def _drive(
+    run: RequestRun, output: ChatOutput, answer: JsonAnswer | None = None
+) -> AsyncIterator[list[Delta]]:
     """Engine events -> delta groups; sets the run's stats and finish reason at the end."""
     assert run.job is not None
     async for event in run.job.events():
@@ -288,14 +316,23 @@ async def _drive(run: RequestRun, output: ChatOutput) -> AsyncIterator[list[Delt
             run.tool_calls = output.results()
             if event.finish_reason == "cancelled" and not output.stop_requested:
                 run.outcome = "cancelled"
+            if answer is not None:
+                answer.add(deltas)
+                failed = answer.finish(run.finish_reason, output.valid_calls)
+                if failed is not None:
+                    raise failed
+        if answer is not None and isinstance(event, TokenEvent):
+            answer.add(deltas)
         if deltas:
             yield deltas
 
 
-async def complete_chat(run: RequestRun, output: ChatOutput) -> Response:
+async def complete_chat(
+    run: RequestRun, output: ChatOutput, answer: JsonAnswer | None = None
+) -> Response:
     fold = MessageFold()
     try:
-        async for deltas in _drive(run, output):
+        async for deltas in _drive(run, output, answer):
             fold.add(deltas)
     except Exception as exc:
         raise run.fail(exc) from exc
@@ -313,7 +350,7 @@ async def complete_chat(run: RequestRun, output: ChatOutput) -> Response:
             )
         ],
         usage=_usage(run),
-        toolflash=run.info(_extra(output)),
+        toolflash=run.info(_extra(output, answer)),
     )
     run.record()
     return JSONResponse(
@@ -353,7 +390,7 @@ def delta_messages(deltas: list[Delta]) -> list[ChatDelta]:
 
 
 async def stream_chat(
-    run: RequestRun, output: ChatOutput, include_usage: bool
+    run: RequestRun, output: ChatOutput, include_usage: bool, answer: JsonAnswer | None = None
 ) -> AsyncIterator[str]:
     created = int(time.time())
 
@@ -366,10 +403,10 @@ async def stream_chat(
             yield sse.event(
                 chunk(choices=[ChunkChoice(delta=ChatDelta(role="assistant", content=""))])
             )
-            async for deltas in _drive(run, output):
+            async for deltas in _drive(run, output, answer):
                 for delta in delta_messages(deltas):
                     yield sse.event(chunk(choices=[ChunkChoice(delta=delta)]))
-            info = run.info(_extra(output))
+            info = run.info(_extra(output, answer))
             final = ChunkChoice(delta=ChatDelta(), finish_reason=run.finish_reason)
             yield sse.event(chunk(choices=[final], toolflash=None if include_usage else info))
             if include_usage:

@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["chat", "tools", "tool-forced", "json"]
+# Constrained decoding (grammar masks) changes what the drafter can get accepted, so every
+# constrained request has its own kind: "json" (response_format), "tool-forced" (tool_choice
+# required or named) and "tools-strict" (tool_choice auto with a `strict` tool).
+Kind = Literal["chat", "tools", "tools-strict", "tool-forced", "json"]
 Thinking = Literal["on", "off", "default"]
 LengthBand = Literal["lt1k", "lt4k", "lt16k", "ge16k"]
 
@@ -53,12 +56,14 @@ def classify(
     enable_thinking: bool | None,
     last_role: str | None,
     prompt_tokens: int,
+    strict_tools: bool = False,
 ) -> RequestClass:
     """Classify a parsed request.
 
     `tool_choice` is "auto", "none", "required" or "named"; `response_format` is the OpenAI type
     ("text", "json_object", "json_schema") or None; `enable_thinking` is the chat-template switch
-    (None when the client left the template default); `last_role` is the role of the last message.
+    (None when the client left the template default); `last_role` is the role of the last message;
+    `strict_tools` says whether an offered tool is `strict` (its arguments are constrained).
     A structured response format wins over tools, a forced tool over offered tools.
     """
     kind: Kind
@@ -67,7 +72,7 @@ def classify(
     elif tools_offered and tool_choice in ("required", "named"):
         kind = "tool-forced"
     elif tools_offered and tool_choice != "none":
-        kind = "tools"
+        kind = "tools-strict" if strict_tools else "tools"
     else:
         kind = "chat"
     thinking: Thinking = (

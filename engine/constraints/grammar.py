@@ -28,6 +28,8 @@ from ..api import OutputConstraint, ToolSpec
 # indent (pretty-printed JSON). Bounded, so a model cannot loop on whitespace forever.
 JSON_WHITESPACE = r"( ?|\n[ \t]{0,40})"
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# The end of a raw XML parameter value, as a regex (part of the value's lazy lexeme).
+_CLOSE = "\\n<\\/parameter>\\n"
 # Says whether a tag (e.g. "<tool_call>") is one special token of the tokenizer.
 IsSpecial = Callable[[str], bool]
 
@@ -82,6 +84,8 @@ def build_grammar(constraint: OutputConstraint, is_special: IsSpecial) -> str:
     if constraint.kind == "json":
         schema = constraint.schema if constraint.schema is not None else ANY_OBJECT
         body = _json_rule(schema, constraint.strict)
+        if constraint.tools:  # tools offered with tool_choice auto: JSON, or tool calls
+            body = f"({body} | {_call_sequence(constraint, tags, rules, enforce_all=False)})"
     elif constraint.kind == "tool_calls":
         body = _tool_calls(constraint, tags, rules)
     else:
@@ -119,41 +123,57 @@ class _Tags:
 
 
 def _tool_calls(constraint: OutputConstraint, tags: _Tags, rules: dict[str, str]) -> str:
+    if constraint.require_call:
+        return _call_sequence(constraint, tags, rules, enforce_all=True)
+    calls = _call_sequence(constraint, tags, rules, enforce_all=False, single=True)
+    text = tags.text_without("<tool_call>", "FREE_TEXT", rules)
+    return f"{text} ({calls} {text})*"
+
+
+def _call_sequence(
+    constraint: OutputConstraint,
+    tags: _Tags,
+    rules: dict[str, str],
+    *,
+    enforce_all: bool,
+    single: bool = False,
+) -> str:
+    """Defines `call` (one call to any of the tools) and returns one call, or calls separated
+    by newlines when parallel calls are allowed. `enforce_all` holds every tool's arguments to
+    its schema (forced calls); otherwise only `strict` tools' arguments are."""
     if not constraint.tools:
         raise ConstraintError("a tool-call constraint needs at least one tool", "tools")
     if constraint.tool_format not in ("hermes", "qwen3_coder"):
         raise ConstraintError(f"unknown tool-call format {constraint.tool_format!r}")
-    enforce_all = constraint.require_call
     calls = []
     for i, tool in enumerate(constraint.tools):
-        strict = enforce_all or tool.strict
+        enforce = enforce_all or tool.strict
         if constraint.tool_format == "hermes":
-            rules[f"call_{i}"] = _hermes_call(tool, strict, tags)
+            rules[f"call_{i}"] = _hermes_call(tool, enforce, tags)
         else:
-            rules[f"call_{i}"] = _xml_call(tool, strict, tags, rules, i)
+            rules[f"call_{i}"] = _xml_call(tool, enforce, tags, rules, i)
         calls.append(f"call_{i}")
     rules["call"] = " | ".join(calls)
-    if constraint.require_call:
-        return 'call ("\\n" call)*' if constraint.parallel_calls else "call"
-    text = tags.text_without("<tool_call>", "FREE_TEXT", rules)
-    return f"{text} (call {text})*"
+    if single or not constraint.parallel_calls:
+        return "call"
+    return 'call ("\\n" call)*'
 
 
-def _hermes_call(tool: ToolSpec, strict: bool, tags: _Tags) -> str:
-    schema = tool.parameters if (strict and tool.parameters) else ANY_OBJECT
+def _hermes_call(tool: ToolSpec, enforce: bool, tags: _Tags) -> str:
+    schema = tool.parameters if (enforce and tool.parameters) else ANY_OBJECT
     head = _lit('\n{"name": ' + json.dumps(tool.name) + ', "arguments": ')
     return (
-        f"{tags.ref('<tool_call>')} {head} {_json_rule(schema, True)} "
+        f"{tags.ref('<tool_call>')} {head} {_json_rule(schema, tool.strict or not enforce)} "
         f"{_lit('}' + chr(10))} {tags.ref('</tool_call>')}"
     )
 
 
-def _xml_call(tool: ToolSpec, strict: bool, tags: _Tags, rules: dict[str, str], i: int) -> str:
+def _xml_call(tool: ToolSpec, enforce: bool, tags: _Tags, rules: dict[str, str], i: int) -> str:
     """Qwen3-Coder XML: one `<parameter=...>` per property in declaration order (required ones
     mandatory). String-typed values are raw text (as the parser streams them), the others JSON."""
-    schema = dict(tool.parameters or {}) if strict else {}
+    schema = dict(tool.parameters or {}) if enforce else {}
     props = schema.get("properties") or {}
-    if strict and schema and schema.get("type", "object") != "object":
+    if schema and schema.get("type", "object") != "object":
         raise ConstraintError(
             f"tool '{tool.name}': qwen3_coder calls need an object schema for parameters",
             "tools",
@@ -171,7 +191,7 @@ def _xml_call(tool: ToolSpec, strict: bool, tags: _Tags, rules: dict[str, str], 
             name = f"p_{i}_{j}"
             rules[name] = (
                 f"{_lit(f'<parameter={key}>' + chr(10))} "
-                f"{_xml_value(tool.name, key, prop, defs, rules, name)}"
+                f"{_xml_value(tool, key, prop, defs, rules, name)}"
             )
             parts.append(name if key in required else f"{name}?")
     else:
@@ -184,32 +204,34 @@ def _xml_call(tool: ToolSpec, strict: bool, tags: _Tags, rules: dict[str, str], 
     return f"{tags.ref('<tool_call>')} {head} {' '.join(parts)} {tail} {tags.ref('</tool_call>')}"
 
 
-_CLOSE = "\\n<\\/parameter>\\n"
-
-
 def _xml_value(
-    tool: str,
+    tool: ToolSpec,
     key: str,
     prop: Any,
     defs: Mapping[str, Any],
     rules: dict[str, str],
     name: str,
 ) -> str:
+    """The value of one XML parameter, then its closing tag. A non-strict tool's keywords that
+    cannot be enforced are ignored (checked after generation) instead of refused."""
+    close = _lit("\n</parameter>\n")
     if not isinstance(prop, Mapping):
         prop = {}
     if prop.get("type") != "string":
-        return f"{_json_rule({**prop, **defs}, True)} {_lit(chr(10) + '</parameter>' + chr(10))}"
+        return f"{_json_rule({**prop, **defs}, tool.strict)} {close}"
     choices = prop.get("enum") if "enum" in prop else ([prop["const"]] if "const" in prop else None)
     if choices is not None:
-        alts = " | ".join(_lit(str(c)) for c in choices if isinstance(c, str))
+        alts = " | ".join(_lit(c) for c in choices if isinstance(c, str))
         if not alts:
-            raise ConstraintError(f"tool '{tool}': parameter '{key}' has no string enum value")
-        return f"({alts}) {_lit(chr(10) + '</parameter>' + chr(10))}"
-    for keyword in ("pattern", "format"):
-        if keyword in prop:
             raise ConstraintError(
-                f"tool '{tool}': parameter '{key}' uses '{keyword}', which cannot be enforced "
-                "on raw string values in qwen3_coder tool calls",
+                f"tool '{tool.name}': parameter '{key}' has no string enum value", "tools"
+            )
+        return f"({alts}) {close}"
+    for keyword in ("pattern", "format"):
+        if keyword in prop and tool.strict:
+            raise ConstraintError(
+                f"tool '{tool.name}': parameter '{key}' uses '{keyword}', which cannot be "
+                "enforced on raw string values in qwen3_coder tool calls",
                 "tools",
             )
     lo = int(prop.get("minLength", 0))

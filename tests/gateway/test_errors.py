@@ -13,6 +13,11 @@ from toolflash.gateway.config import GatewayConfig
 
 OK = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+NOT_SCHEMA = {
+    "name": "x",
+    "strict": True,
+    "schema": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -100,30 +105,74 @@ CASES = [
     ("n_2", {"json": {**OK, "n": 2}}, 400, "n > 1", "unsupported_parameter"),
     ("logprobs", {"json": {**OK, "logprobs": True}}, 400, "logprobs", "unsupported_parameter"),
     (
-        "json_schema",
-        {"json": {**OK, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}},
+        "json_schema_unsupported_keyword",
+        {"json": {**OK, "response_format": {"type": "json_schema", "json_schema": NOT_SCHEMA}}},
         400,
-        "constrained decoding",
-        "unsupported_parameter",
-    ),
-    (
-        "tool_required",
-        {"json": {**OK, "tools": [TOOL], "tool_choice": "required"}},
-        400,
-        "constrained decoding",
+        'Unimplemented keys: ["not"]',
         None,
     ),
     (
-        "tool_named",
+        "json_schema_invalid",
+        {
+            "json": {
+                **OK,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "strin"}},
+                },
+            }
+        },
+        400,
+        "not a valid JSON schema at type",
+        None,
+    ),
+    (
+        "json_schema_missing",
+        {"json": {**OK, "response_format": {"type": "json_schema"}}},
+        400,
+        "needs a json_schema object",
+        None,
+    ),
+    (
+        "strict_tool_unsupported_keyword",
+        {
+            "json": {
+                **OK,
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "strict": True,
+                            "parameters": NOT_SCHEMA["schema"],
+                        },
+                    }
+                ],
+            }
+        },
+        400,
+        "tool 'f'",
+        None,
+    ),
+    (
+        "json_and_forced_tool",
         {
             "json": {
                 **OK,
                 "tools": [TOOL],
-                "tool_choice": {"type": "function", "function": {"name": "f"}},
+                "tool_choice": "required",
+                "response_format": {"type": "json_object"},
             }
         },
         400,
-        "constrained decoding",
+        "cannot be combined",
+        None,
+    ),
+    (
+        "required_without_tools",
+        {"json": {**OK, "tool_choice": "required"}},
+        400,
+        "needs tools",
         None,
     ),
     ("presence_penalty", {"json": {**OK, "presence_penalty": 0.5}}, 400, "presence_penalty", None),

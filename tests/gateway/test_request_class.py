@@ -19,6 +19,15 @@ TABLE = [
     ({}, "chat.think-default.user.lt1k"),
     ({"tools_offered": True}, "tools.think-default.user.lt1k"),
     ({"tools_offered": True, "tool_choice": "none"}, "chat.think-default.user.lt1k"),
+    ({"tools_offered": True, "strict_tools": True}, "tools-strict.think-default.user.lt1k"),
+    (
+        {"tools_offered": True, "strict_tools": True, "tool_choice": "required"},
+        "tool-forced.think-default.user.lt1k",
+    ),
+    (
+        {"tools_offered": True, "strict_tools": True, "response_format": "json_schema"},
+        "json.think-default.user.lt1k",
+    ),
     ({"tools_offered": True, "tool_choice": "required"}, "tool-forced.think-default.user.lt1k"),
     ({"tools_offered": True, "tool_choice": "named"}, "tool-forced.think-default.user.lt1k"),
     ({"tools_offered": False, "tool_choice": "required"}, "chat.think-default.user.lt1k"),

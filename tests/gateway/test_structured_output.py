@@ -1,0 +1,204 @@
+"""Structured output through the OpenAI SDK: response_format JSON schemas and forced tool calls
+on the shipped tiny pair (real grammar masks), and the final JSON check on the fake engine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import pytest
+
+from tests.gateway.conftest import Served, serve
+from tests.gateway.fake_engine import FakeEngine
+
+pytest.importorskip("mlx.core")
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer", "minimum": 0},
+        "role": {"enum": ["admin", "dev", "guest"]},
+        "skills": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+    },
+    "required": ["name", "age", "role"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+SEARCH = {
+    "type": "function",
+    "function": {
+        "name": "search_code",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"],
+        },
+    },
+}
+NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Iterator[Served]:
+    from toolflash.engine.factory import build_engine
+
+    with serve(factory=lambda: build_engine()) as s:
+        yield s
+
+
+def _model(s: Served) -> str:
+    return s.client().models.list().data[0].id
+
+
+def _json_format(strict: bool = True) -> dict[str, Any]:
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "user", "schema": SCHEMA, "strict": strict},
+    }
+
+
+def test_json_schema_answer_validates_stream_and_not(tiny: Served) -> None:
+    c = tiny.client()
+    kw: dict[str, Any] = {
+        "model": _model(tiny),
+        "messages": [{"role": "user", "content": "Give me a JSON object describing a user."}],
+        "max_tokens": 200,
+        "response_format": _json_format(),
+        "extra_body": NO_THINK,
+    }
+    whole = c.chat.completions.create(**kw)
+    content = whole.choices[0].message.content or ""
+    jsonschema.validate(json.loads(content), SCHEMA)
+    assert whole.choices[0].finish_reason == "stop"
+    tf = whole.model_extra["toolflash"]  # type: ignore[index]
+    assert tf["structured_output"] == {"valid": True, "error": None}
+    assert tf["request_class"].startswith("json.")
+    chunks = list(c.chat.completions.create(**kw, stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == content
+
+
+def test_json_object_with_thinking_left_on(tiny: Served) -> None:
+    r = tiny.client().chat.completions.create(
+        model=_model(tiny),
+        messages=[{"role": "user", "content": "Describe a user as JSON."}],
+        max_tokens=200,
+        response_format={"type": "json_object"},
+    )
+    assert isinstance(json.loads(r.choices[0].message.content or ""), dict)
+
+
+def _stream_calls(chunks: list[Any]) -> list[dict[str, Any]]:
+    calls: dict[int, dict[str, Any]] = {}
+    for ch in chunks:
+        for tc in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+            call = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+            call["id"] = call["id"] or tc.id
+            call["name"] = call["name"] or tc.function.name
+            call["arguments"] += tc.function.arguments or ""
+    return [calls[i] for i in sorted(calls)]
+
+
+@pytest.mark.parametrize(
+    "choice",
+    ["required", {"type": "function", "function": {"name": "get_weather"}}],
+    ids=["required", "named"],
+)
+def test_forced_tool_call_non_stream_and_stream(tiny: Served, choice: Any) -> None:
+    c = tiny.client()
+    kw: dict[str, Any] = {
+        "model": _model(tiny),
+        "messages": [{"role": "user", "content": "Find where the retry logic is implemented."}],
+        "tools": [SEARCH, WEATHER],
+        "tool_choice": choice,
+        "max_tokens": 200,
+        "parallel_tool_calls": False,
+        "extra_body": NO_THINK,
+    }
+    whole = c.chat.completions.create(**kw)
+    msg = whole.choices[0].message
+    assert whole.choices[0].finish_reason == "tool_calls"
+    assert msg.tool_calls and len(msg.tool_calls) == 1
+    call = msg.tool_calls[0]
+    if isinstance(choice, dict):
+        assert call.function.name == "get_weather"
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (SEARCH, WEATHER)}
+    jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    assert whole.model_extra["toolflash"]["request_class"].startswith("tool-forced.")  # type: ignore[index]
+
+    chunks = list(c.chat.completions.create(**kw, stream=True))
+    streamed = _stream_calls(chunks)
+    assert [(s["name"], json.loads(s["arguments"])) for s in streamed] == [
+        (call.function.name, json.loads(call.function.arguments))
+    ]
+    assert streamed[0]["id"]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_strict_tool_with_auto_is_its_own_class(tiny: Served) -> None:
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    r = tiny.client().chat.completions.create(
+        model=_model(tiny),
+        messages=[{"role": "user", "content": "What's the weather in Paris?"}],
+        tools=[strict, SEARCH],
+        max_tokens=120,
+        extra_body=NO_THINK,
+    )
+    tf = r.model_extra["toolflash"]  # type: ignore[index]
+    assert tf["request_class"].startswith("tools-strict.")
+    for report in tf["tool_calls"]:
+        if report["name"] == "get_weather":
+            assert report["parsed"] and report["schema_valid"]
+
+
+# -- the final check, on an engine that ignores constraints -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[Served]:
+    with serve(FakeEngine()) as s:
+        yield s
+
+
+def _chat(s: Served, script: str, **kw: Any) -> Any:
+    import httpx
+
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": f"SCRIPT:{script}"}]}
+    return httpx.post(f"{s.v1}/chat/completions", json={**body, **kw}, timeout=20)
+
+
+def test_final_check_reports_a_length_cut(fake: Served) -> None:
+    r = _chat(fake, '{"name": "Ann", "age": 3', response_format=_json_format(), max_tokens=5)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["toolflash"]["structured_output"]["valid"] is False
+
+
+def test_final_check_refuses_an_invalid_strict_answer(fake: Served) -> None:
+    r = _chat(fake, '{"name": "Ann"}', response_format=_json_format())
+    assert r.status_code == 500
+    assert "final JSON check" in r.json()["error"]["message"]
+    assert "age" in r.json()["error"]["message"]
+    # non-strict: returned as generated, reported invalid
+    r = _chat(fake, '{"name": "Ann"}', response_format=_json_format(strict=False))
+    assert r.status_code == 200 and r.json()["toolflash"]["structured_output"]["valid"] is False
+    ok = '{"name": "Ann", "age": 3, "role": "dev"}'
+    r = _chat(fake, ok, response_format=_json_format())
+    assert r.json()["toolflash"]["structured_output"] == {"valid": True, "error": None}
