@@ -269,3 +269,36 @@ def test_xml_pattern_on_raw_string_is_refused(engine: Any) -> None:
         build_grammar(
             OutputConstraint("tool_calls", tools=(tool,), tool_format="qwen3_coder"), gt.is_special
         )
+
+
+@pytest.mark.parametrize(
+    ("reasoning", "text", "complete"),
+    [
+        ("none", '{"a": 1}', True),
+        ("none", '<think>\nx\n</think>\n\n{"a": 1}', False),
+        ("optional", '<think>\nplan: {"a": 2}?\n</think>\n\n{"a": 1}', True),
+        ("optional", '{"a": 1}', True),
+        ("open", 'still thinking\n</think>\n\n{"a": 1}', True),
+        ("open", '{"a": 1}', False),
+    ],
+)
+def test_reasoning_modes(engine: Any, reasoning: str, text: str, complete: bool) -> None:
+    gt = grammar_tokenizer(engine.tokenizer)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    constraint = OutputConstraint("json", schema=schema, reasoning=reasoning)  # type: ignore[arg-type]
+    m = gt.matcher(build_grammar(constraint, gt.is_special))
+    ids = engine.encode(text)
+    ok = m.try_consume_tokens(ids) == len(ids) and m.is_accepting()
+    assert ok == complete
+
+
+def test_json_answer_or_tool_call_when_tools_are_offered(engine: Any) -> None:
+    gt = grammar_tokenizer(engine.tokenizer)
+    constraint = OutputConstraint("json", schema=SCHEMAS["user"], tools=(WEATHER,))
+    grammar = build_grammar(constraint, gt.is_special)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call>'
+    bad_call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    for text, complete in [('{"name": "A", "age": 1}', True), (call, True), (bad_call, False)]:
+        m = gt.matcher(grammar)
+        ids = engine.encode(text)
+        assert (m.try_consume_tokens(ids) == len(ids) and m.is_accepting()) == complete, text
