@@ -113,6 +113,9 @@ class GenerationRequest:
     publish_at: tuple[int, ...] = ()
     # A grammar the output must follow (response_format, forced or strict tool calls).
     constraint: OutputConstraint | None = None
+    # Log-probabilities of the emitted tokens: None off, n >= 0 with the n most likely
+    # alternatives at each position (the target's raw distribution, see TokenLogprob).
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,27 @@ class CycleRecord:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    """One candidate token at an output position and its log-probability."""
+
+    token_id: int
+    text: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the target's raw distribution (its logits
+    before temperature, penalties, bias, top-k/top-p/min-p and grammar masks), with the most
+    likely alternatives; the same in AR and speculative mode up to float rounding."""
+
+    token_id: int
+    text: str
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     """Newly committed tokens and the text they complete (may be empty while a multi-byte
     character or a possible stop string is pending)."""
@@ -143,6 +167,8 @@ class TokenEvent:
     token_ids: tuple[int, ...]
     text: str
     cycle: CycleRecord | None = None
+    # One entry per emitted token of token_ids (EOS excluded) when the request asked.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -234,6 +260,10 @@ class Engine(Protocol):
     draft_id: str | None
     context_length: int
     tool_call_format: str  # "hermes" or "qwen3_coder": what the chat template renders
+    vocab_size: int  # logits per position (token ids below it are valid for logit_bias)
+    # Sampling defaults from the model's generation_config.json (temperature only when it
+    # sets do_sample); the gateway applies them where a request leaves a field out.
+    generation_defaults: Mapping[str, float]
 
     def encode_chat(
         self,

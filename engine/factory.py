@@ -14,6 +14,7 @@ from toolflash.cache.prefix_cache import CacheConfig, PrefixCache
 from .api import EngineError
 from .draft_context import DraftWindow
 from .draft_loading import TargetInfo, load_draft
+from .generation_config import read_generation_defaults
 from .hub import resolve_model_path
 from .registry import draft_for
 from .service import DFlashEngine, EngineOptions
@@ -122,5 +123,13 @@ def build_engine(
     cache = cache if cache is not None else CacheConfig()
     prefix_cache = PrefixCache(cache) if cache.enabled else None
     return DFlashEngine(
-        target, tokenizer, drafter, model_id, draft_id, max_ctx, options, prefix_cache
+        target,
+        tokenizer,
+        drafter,
+        model_id,
+        draft_id,
+        max_ctx,
+        options,
+        prefix_cache,
+        generation_defaults=read_generation_defaults(target_path),
     )

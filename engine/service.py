@@ -25,10 +25,13 @@ from .api import (
     Mode,
     ModeController,
     TokenEvent,
+    TokenLogprob,
+    TopLogprob,
 )
 from .choosers import build_chooser
 from .draft_context import DraftWindow
 from .drafter import DFlashDrafter
+from .sampling.logprobs import RawLogprob
 from .session import GenerationSession
 from .stops import StopMatcher, visible_text
 from .targets.base import TargetAdapter
@@ -63,6 +66,7 @@ class DFlashEngine:
         context_length: int,
         options: EngineOptions | None = None,
         prefix_cache: PrefixCache | None = None,
+        generation_defaults: Mapping[str, float] | None = None,
     ):
         self.target = target
         self.tokenizer = tokenizer
@@ -75,6 +79,8 @@ class DFlashEngine:
         self.tool_call_format = tool_call_format_of(template)
         self.eos_ids = frozenset(int(t) for t in getattr(tokenizer, "eos_token_ids", ()) or ())
         self.prefix_cache = prefix_cache
+        self.vocab_size = int(target.vocab_size)
+        self.generation_defaults = dict(generation_defaults or {})
         self.cache_key = SnapshotKey(
             target_id=model_id,
             draft_id=self.draft_id,
@@ -153,6 +159,7 @@ class DFlashEngine:
             window=self.options.window,
             prefill_chunk=self.options.prefill_chunk,
             chooser=build_chooser(request, self.target.vocab_size, self.tokenizer),
+            logprobs=request.logprobs,
         )
         matcher = StopMatcher(
             self.eos_ids | request.stop_token_ids,
@@ -179,7 +186,7 @@ class DFlashEngine:
         t_decode = time.perf_counter()
         finished = matcher.check([first]) is not None
         first_text = text.push([first])
-        yield TokenEvent((first,), first_text)
+        yield TokenEvent((first,), first_text, None, self._logprobs(session.first_logprobs))
         # Without a drafter there is nothing to choose: the controller is not consulted.
         if controller is not None and self.drafter is not None:
             # The first token may already open a span (`<tool_call>`, `<think>`, `{`).
@@ -198,7 +205,9 @@ class DFlashEngine:
                 cycles.append(step.record)
                 finished = step.finished
                 delta = text.push(step.tokens)
-                yield TokenEvent(tuple(step.tokens), delta, step.record)
+                yield TokenEvent(
+                    tuple(step.tokens), delta, step.record, self._logprobs(step.logprobs)
+                )
                 if controller is not None and self.drafter is not None:
                     decision = controller.after_step(step.record, step.tokens, delta)
                     mode, block_size = decision.mode, decision.block_size
@@ -231,6 +240,19 @@ class DFlashEngine:
             tau=round(stats.tokens_per_cycle, 2),
         )
         yield FinishEvent(reason, stats)  # type: ignore[arg-type]
+
+    def _logprobs(self, raw: Sequence[RawLogprob]) -> tuple[TokenLogprob, ...]:
+        """With token texts; EOS tokens never become text, so they get no entry either."""
+        return tuple(
+            TokenLogprob(
+                r.token_id,
+                self.decode([r.token_id]),
+                r.logprob,
+                tuple(TopLogprob(t, self.decode([t]), lp) for t, lp in r.top),
+            )
+            for r in raw
+            if r.token_id not in self.eos_ids
+        )
 
 
 def tool_call_format_of(template: str) -> str:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 from .api import CycleRecord, Mode
 from .draft_context import DraftContext, DraftWindow
 from .drafter import DFlashDrafter
+from .sampling.logprobs import RawLogprob, token_logprobs
 from .selection import GreedyChooser, TokenChooser
 from .sparse import Lineage, SparseLineageError, SparseSelection
 from .state import SessionState, export_cache, restore_cache
@@ -39,6 +40,7 @@ class StepResult:
     tokens: list[int]
     record: CycleRecord
     finished: bool
+    logprobs: list[RawLogprob] = field(default_factory=list)  # per token, when asked
 
 
 class GenerationSession:
@@ -52,6 +54,7 @@ class GenerationSession:
         prefill_chunk: int = 512,
         proposer: Proposer | None = None,
         chooser: TokenChooser | None = None,
+        logprobs: int | None = None,
     ):
         self.target = target
         self.drafter = drafter
@@ -62,6 +65,9 @@ class GenerationSession:
         self.prefill_chunk = prefill_chunk
         self.proposer: Proposer = proposer or dflash_proposal
         self.chooser: TokenChooser = chooser or GreedyChooser()
+        # None: no log-probabilities; n: each emitted token's and the n most likely.
+        self.logprobs = logprobs
+        self.first_logprobs: list[RawLogprob] = []
         self.tokens: list[int] = []
         self.fed = 0
         self.cycles = 0
@@ -112,6 +118,7 @@ class GenerationSession:
         assert self.last_logits is not None
         first = self.chooser.choose(self.last_logits)
         self.chooser.commit([first])
+        self.first_logprobs = self._logprobs(self.last_logits[None], [first])
         self.tokens = [*prompt, first]
         self.fed = len(prompt)
         return first
@@ -206,7 +213,8 @@ class GenerationSession:
         end = stop_check([token])
         self.tokens.append(token)
         self.chooser.commit([token])
-        return self._finish_step("ar", 1, 0, 0, [token], end, 0.0, t1 - t0, 0.0)
+        logprobs = self._logprobs(self.last_logits[None], [token])
+        return self._finish_step("ar", 1, 0, 0, [token], end, 0.0, t1 - t0, 0.0, logprobs)
 
     def _spec_cycle(self, block_size: int, stop_check: StopCheck) -> StepResult:
         t0 = time.perf_counter()
@@ -219,7 +227,9 @@ class GenerationSession:
         drafted = int(draft.shape[0])
         t1 = time.perf_counter()
 
-        verify_in = mx.concatenate([mx.array([[self.staged]]), draft[None].astype(mx.int32)], axis=1)
+        verify_in = mx.concatenate(
+            [mx.array([[self.staged]]), draft[None].astype(mx.int32)], axis=1
+        )
         res = self.target.forward(
             verify_in,
             self.cache,
@@ -244,9 +254,25 @@ class GenerationSession:
         self.tokens.extend(committed)
         self.chooser.commit(committed)
         t3 = time.perf_counter()
+        # Row i of the verify logits scored committed[i] (the same row an AR step would use).
+        logprobs = self._logprobs(res.logits[0], committed)
         return self._finish_step(
-            "spec", drafted + 1, drafted, accepted, committed, end, t1 - t0, t2 - t1, t3 - t2
+            "spec",
+            drafted + 1,
+            drafted,
+            accepted,
+            committed,
+            end,
+            t1 - t0,
+            t2 - t1,
+            t3 - t2,
+            logprobs,
         )
+
+    def _logprobs(self, logits: mx.array, tokens: list[int]) -> list[RawLogprob]:
+        if self.logprobs is None:
+            return []
+        return token_logprobs(logits, tokens, self.logprobs)
 
     def _finish_step(
         self,
@@ -259,6 +285,7 @@ class GenerationSession:
         draft_s: float,
         verify_s: float,
         rollback_s: float,
+        logprobs: list[RawLogprob],
     ) -> StepResult:
         record = CycleRecord(
             index=self.cycles,
@@ -273,7 +300,7 @@ class GenerationSession:
             context_len=self.fed,
         )
         self.cycles += 1
-        return StepResult(tokens=committed, record=record, finished=end is not None)
+        return StepResult(committed, record, end is not None, logprobs)
 
 
 def dflash_proposal(session: GenerationSession, block_size: int) -> mx.array:

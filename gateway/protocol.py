@@ -163,6 +163,17 @@ class ResponseFormat(OpenAIBaseModel):
 # ---------------------------------------------------------------- requests
 
 
+def check_logit_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
+    """OpenAI's shape: token-id strings -> a bias in [-100, 100] (ids are checked against the
+    model's vocabulary when the request is prepared)."""
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.isdigit()):
+            raise ValueError(f"keys must be token ids (non-negative integers), got {key!r}")
+        if not -100 <= value <= 100:
+            raise ValueError(f"bias for token {key} must be between -100 and 100, got {value}")
+    return bias
+
+
 class ChatCompletionRequest(OpenAIBaseModel):
     """POST /v1/chat/completions."""
 
@@ -189,7 +200,12 @@ class ChatCompletionRequest(OpenAIBaseModel):
     user: str | None = None
     # --8<-- [start:chat-extras]
     chat_template_kwargs: dict[str, Any] | None = None
+    # Sampling extras (the openai SDK sends them through extra_body); -1 or 0: top_k off.
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
     # --8<-- [end:chat-extras]
+
+    _logit_bias = field_validator("logit_bias")(check_logit_bias)
 
     @model_validator(mode="after")
     def _check_tools(self) -> ChatCompletionRequest:
@@ -227,6 +243,12 @@ class CompletionRequest(OpenAIBaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     user: str | None = None
+    # --8<-- [start:completion-extras]
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    # --8<-- [end:completion-extras]
+
+    _logit_bias = field_validator("logit_bias")(check_logit_bias)
 
 
 # ---------------------------------------------------------------- responses
@@ -269,6 +291,23 @@ class Timings(BaseModel):
     e2e_s: float
 
 
+class SamplingInfo(BaseModel):
+    """The sampling a response was decoded with: request fields, else the model's
+    generation_config.json defaults, else greedy. `seed` is the request's or the one drawn
+    for it (send it back to reproduce the output in the same mode)."""
+
+    method: Literal["greedy", "sample"]
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    seed: int | None
+    frequency_penalty: float
+    presence_penalty: float
+    logit_bias_tokens: int
+    from_model_defaults: list[str] = []
+
+
 class StructuredOutputCheck(BaseModel):
     valid: bool
     error: str | None = None
@@ -281,7 +320,7 @@ class ToolflashInfo(BaseModel):
     request_class: str
     mode: str
     modes: list[str]
-    sampling: Literal["greedy"] = "greedy"
+    sampling: SamplingInfo
     cycles: int
     spec_cycles: int
     tokens_per_cycle: float
@@ -315,11 +354,37 @@ class ResponseMessage(BaseModel):
 FinishReasonWire = Literal["stop", "length", "tool_calls"]
 
 
+class TopLogprobModel(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobModel(TopLogprobModel):
+    top_logprobs: list[TopLogprobModel]
+
+
+class ChoiceLogprobs(BaseModel):
+    """Chat `logprobs`: one entry per output token (the target's raw log-probabilities)."""
+
+    content: list[TokenLogprobModel] | None
+    refusal: list[TokenLogprobModel] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """Legacy completions `logprobs`: parallel lists per output token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: ResponseMessage
     finish_reason: FinishReasonWire
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -355,7 +420,7 @@ class ChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: FinishReasonWire | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -372,7 +437,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: Literal["stop", "length"] | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(BaseModel):

@@ -19,6 +19,7 @@ from toolflash.engine.api import (
     Engine,
     GenerationStats,
     ModeController,
+    TokenLogprob,
 )
 from toolflash.gateway.config import GatewayConfig
 from toolflash.gateway.decisions import DecisionLog
@@ -32,6 +33,7 @@ from toolflash.gateway.errors import (
 )
 from toolflash.gateway.metrics import GatewayMetrics, RequestOutcome
 from toolflash.gateway.protocol import Decision, Timings, ToolflashInfo
+from toolflash.gateway.sampling import sampling_info
 from toolflash.gateway.status import LiveStatus, RequestRecord
 from toolflash.gateway.worker import EngineWorker, Job, Prepared
 from toolflash.policy.request_class import RequestClass
@@ -183,6 +185,18 @@ class RequestRun:
     outcome: str = "pending"
     recorded: bool = False
     tool_calls: tuple[str, ...] = ()  # per tool-call span: how it parsed (for metrics)
+    # Log-probabilities of tokens received but not yet sent (when the request asked).
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    logprob_offset: int = 0  # completions: where the next token's text starts
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.prepared is not None and self.prepared.request.logprobs is not None
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The pending log-probabilities, handed out once."""
+        out, self.logprobs = self.logprobs, []
+        return out
 
     def submit(self, prepare: Callable[[Engine], Prepared]) -> Job:
         self.job = Job(self.request_id, prepare)
@@ -252,6 +266,7 @@ class RequestRun:
             drafted=s.drafted if s else 0,
             accepted=s.accepted if s else 0,
             decisions=decisions,
+            sampling=sampling_info(req.sampling, self.prepared.sampling_defaults),
             max_tokens=req.max_tokens,
             max_tokens_clamped=self.prepared.max_tokens_clamped,
             decode_tokens_per_s=round(s.decode_tokens_per_s, 3) if s else 0.0,

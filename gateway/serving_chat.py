@@ -15,7 +15,6 @@ from toolflash.engine.api import (
     Engine,
     FinishEvent,
     GenerationRequest,
-    SamplingParams,
     TokenEvent,
 )
 from toolflash.gateway import sse
@@ -29,6 +28,7 @@ from toolflash.gateway.chat_output import (
 )
 from toolflash.gateway.config import GatewayConfig
 from toolflash.gateway.errors import BadRequest, to_gateway_error
+from toolflash.gateway.logprobs import chat_logprobs
 from toolflash.gateway.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -36,6 +36,7 @@ from toolflash.gateway.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatDelta,
+    ChoiceLogprobs,
     ChunkChoice,
     DeltaFunction,
     DeltaToolCall,
@@ -47,6 +48,7 @@ from toolflash.gateway.protocol import (
     UserMessage,
     content_text,
 )
+from toolflash.gateway.sampling import resolve_sampling
 from toolflash.gateway.serving import (
     ControllerFactory,
     RequestRun,
@@ -166,14 +168,15 @@ def chat_preparer(
             and bound.kind == "tool_calls"
             and not bound.require_call,
         )
+        sampling = resolve_sampling(req, engine.generation_defaults, engine.vocab_size)
         request = GenerationRequest(
             prompt_tokens=tuple(tokens),
             max_tokens=max_tokens,
             mode=config.mode,
             block_size=config.block_size,
             stop_strings=stop_strings(req.stop),
-            # Greedy until sampled decoding lands; the response says sampling "greedy".
-            sampling=SamplingParams(seed=req.seed),
+            sampling=sampling.params,
+            logprobs=(req.top_logprobs or 0) if req.logprobs else None,
             request_id=request_id,
             # The prefix cache publishes here so the agent's next turn (same history plus
             # more) restores instead of recomputing.
@@ -192,6 +195,7 @@ def chat_preparer(
                 start_in_reasoning=start_in_reasoning,
                 response_format_json=request_class.kind == "json",
             ),
+            sampling_defaults=sampling.from_model_defaults,
         )
 
     return prepare
@@ -306,6 +310,7 @@ async def _drive(
         if isinstance(event, TokenEvent):
             if event.token_ids:
                 run.token_seen()
+            run.logprobs.extend(event.logprobs)
             deltas = output.feed(event.text)
             if output.stop_requested:
                 run.job.cancel.set()  # parallel_tool_calls false: one call, then stop
@@ -347,6 +352,7 @@ async def complete_chat(
             ChatChoice(
                 message=ResponseMessage.model_validate(msg),
                 finish_reason=run.finish_reason,
+                logprobs=chat_logprobs(run.take_logprobs()) if run.wants_logprobs else None,
             )
         ],
         usage=_usage(run),
@@ -389,6 +395,12 @@ def delta_messages(deltas: list[Delta]) -> list[ChatDelta]:
     return out
 
 
+def _pending_logprobs(run: RequestRun) -> ChoiceLogprobs | None:
+    if not run.wants_logprobs or not run.logprobs:
+        return None
+    return chat_logprobs(run.take_logprobs())
+
+
 async def stream_chat(
     run: RequestRun, output: ChatOutput, include_usage: bool, answer: JsonAnswer | None = None
 ) -> AsyncIterator[str]:
@@ -405,9 +417,14 @@ async def stream_chat(
             )
             async for deltas in _drive(run, output, answer):
                 for delta in delta_messages(deltas):
-                    yield sse.event(chunk(choices=[ChunkChoice(delta=delta)]))
+                    # A chunk carries the log-probabilities of the tokens received since the
+                    # last chunk (held-back text can make a chunk carry several events').
+                    lp = _pending_logprobs(run)
+                    yield sse.event(chunk(choices=[ChunkChoice(delta=delta, logprobs=lp)]))
             info = run.info(_extra(output, answer))
-            final = ChunkChoice(delta=ChatDelta(), finish_reason=run.finish_reason)
+            final = ChunkChoice(
+                delta=ChatDelta(), finish_reason=run.finish_reason, logprobs=_pending_logprobs(run)
+            )
             yield sse.event(chunk(choices=[final], toolflash=None if include_usage else info))
             if include_usage:
                 yield sse.event(chunk(choices=[], usage=_usage(run), toolflash=info))

@@ -14,19 +14,21 @@ from toolflash.engine.api import (
     Engine,
     FinishEvent,
     GenerationRequest,
-    SamplingParams,
     TokenEvent,
 )
 from toolflash.gateway import sse
 from toolflash.gateway.config import GatewayConfig
 from toolflash.gateway.errors import BadRequest, to_gateway_error
+from toolflash.gateway.logprobs import completion_logprobs
 from toolflash.gateway.protocol import (
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     PromptTokensDetails,
     Usage,
 )
+from toolflash.gateway.sampling import resolve_sampling
 from toolflash.gateway.serving import (
     ControllerFactory,
     RequestRun,
@@ -67,14 +69,15 @@ def completion_preparer(
         max_tokens, clamped = token_budget(
             len(tokens), req.max_tokens, engine.context_length, config.default_max_tokens
         )
+        sampling = resolve_sampling(req, engine.generation_defaults, engine.vocab_size)
         request = GenerationRequest(
             prompt_tokens=tuple(tokens),
             max_tokens=max_tokens,
             mode=config.mode,
             block_size=config.block_size,
             stop_strings=stop_strings(req.stop),
-            # Greedy until sampled decoding lands; the response says sampling "greedy".
-            sampling=SamplingParams(seed=req.seed),
+            sampling=sampling.params,
+            logprobs=req.logprobs,
             request_id=request_id,
         )
         request_class = classify(
@@ -91,6 +94,7 @@ def completion_preparer(
             False,
             clamped,
             decision_log(controller_factory, engine, request_class),
+            sampling_defaults=sampling.from_model_defaults,
         )
 
     return prepare
@@ -117,6 +121,7 @@ async def _texts(run: RequestRun) -> AsyncIterator[str]:
         if isinstance(event, TokenEvent):
             if event.token_ids:
                 run.token_seen()
+            run.logprobs.extend(event.logprobs)
             if event.text:
                 yield event.text
         elif isinstance(event, FinishEvent):
@@ -160,7 +165,11 @@ async def create_completion(request: Request) -> Response:
             id=run.request_id,
             created=int(time.time()),
             model=run.model,
-            choices=[CompletionChoice(text=text, finish_reason=run.finish_reason)],
+            choices=[
+                CompletionChoice(
+                    text=text, finish_reason=run.finish_reason, logprobs=_pending_logprobs(run)
+                )
+            ],
             usage=_usage(run),
             toolflash=run.info(),
         )
@@ -173,6 +182,16 @@ async def create_completion(request: Request) -> Response:
         watcher.cancel()
 
 
+def _pending_logprobs(run: RequestRun) -> CompletionLogprobs | None:
+    """The log-probabilities of the tokens since the last chunk, offsets continuing."""
+    if not run.wants_logprobs:
+        return None
+    items = run.take_logprobs()
+    out = completion_logprobs(items, run.logprob_offset)
+    run.logprob_offset += sum(len(t.text) for t in items)
+    return out
+
+
 async def _stream(run: RequestRun, include_usage: bool) -> AsyncIterator[str]:
     created = int(time.time())
 
@@ -183,9 +202,13 @@ async def _stream(run: RequestRun, include_usage: bool) -> AsyncIterator[str]:
     try:
         try:
             async for text in _texts(run):
-                yield sse.event(chunk(choices=[CompletionChoice(text=text, finish_reason=None)]))
+                lp = _pending_logprobs(run)
+                choice = CompletionChoice(text=text, finish_reason=None, logprobs=lp)
+                yield sse.event(chunk(choices=[choice]))
             info = run.info()
-            final = CompletionChoice(text="", finish_reason=run.finish_reason)
+            final = CompletionChoice(
+                text="", finish_reason=run.finish_reason, logprobs=_pending_logprobs(run)
+            )
             yield sse.event(chunk(choices=[final], toolflash=None if include_usage else info))
             if include_usage:
                 yield sse.event(chunk(choices=[], usage=_usage(run), toolflash=info))

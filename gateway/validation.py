@@ -1,49 +1,30 @@
 """Reject request fields that would change semantics but are not implemented yet (clear 400s,
-never a silent ignore). Sampling is the exception: the engine decodes greedily, temperature and
-top_p are accepted and the response says `sampling: "greedy"` (agents send no temperature)."""
+never a silent ignore), and field combinations that make no sense. Sampling fields are all
+implemented; `toolflash.gateway.sampling` checks them against the model (logit_bias ids)."""
 
 from __future__ import annotations
 
-from toolflash.gateway.errors import NotImplementedYet
+from toolflash.gateway.errors import BadRequest, NotImplementedYet
 from toolflash.gateway.protocol import ChatCompletionRequest, CompletionRequest
 
 
-def _common(
-    n: int | None,
-    frequency_penalty: float | None,
-    presence_penalty: float | None,
-    logit_bias: dict[str, float] | None,
-) -> None:
+def _common(n: int | None) -> None:
     if n is not None and n > 1:
         raise NotImplementedYet("n > 1 is not implemented yet: request one choice", param="n")
-    for name, value in (
-        ("frequency_penalty", frequency_penalty),
-        ("presence_penalty", presence_penalty),
-    ):
-        if value:
-            raise NotImplementedYet(
-                f"{name} is not implemented yet (decoding is greedy)", param=name
-            )
-    if logit_bias:
-        raise NotImplementedYet("logit_bias is not implemented yet", param="logit_bias")
 
 
 def check_chat_supported(req: ChatCompletionRequest) -> None:
     """Raise a 400 for chat fields toolflash does not implement."""
-    _common(req.n, req.frequency_penalty, req.presence_penalty, req.logit_bias)
-    if req.logprobs:
-        raise NotImplementedYet("logprobs are not implemented yet", param="logprobs")
-    if req.top_logprobs:
-        raise NotImplementedYet("top_logprobs are not implemented yet", param="top_logprobs")
+    _common(req.n)
+    if req.top_logprobs and not req.logprobs:
+        raise BadRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
     # response_format and tool_choice "required"/named are constrained decoding: the
     # constraint (and a 400 for a schema it cannot enforce) comes from gateway/structured.py.
 
 
 def check_completion_supported(req: CompletionRequest) -> None:
     """Raise a 400 for text-completion fields toolflash does not implement."""
-    _common(req.n, req.frequency_penalty, req.presence_penalty, req.logit_bias)
-    if req.logprobs:
-        raise NotImplementedYet("logprobs are not implemented yet", param="logprobs")
+    _common(req.n)
     if req.echo:
         raise NotImplementedYet("echo is not implemented yet", param="echo")
     if req.suffix:

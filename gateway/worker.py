@@ -38,6 +38,7 @@ class Prepared:
     start_in_reasoning: bool = False
     max_tokens_clamped: bool = False
     decision_log: DecisionLog | None = None  # wraps the policy's controller, when there is one
+    sampling_defaults: tuple[str, ...] = ()  # sampling fields taken from the model's defaults
 
 
 class Job:

@@ -172,3 +172,29 @@ def test_greedy_with_penalties_and_bias_is_identical_to_ar(pair: Any) -> None:
     assert 7 not in spec
     plain = generate(pair, SamplingParams(), "ar", 60)
     assert plain != spec  # the processors changed the output
+
+
+def logprob_run(pair: Any, mode: Mode, n_out: int = 30) -> tuple[list[int], list[Any]]:
+    _, target, drafter = pair
+    s = GenerationSession(target, drafter, logprobs=3)
+    s.prefill(PROMPT)
+    lps = list(s.first_logprobs)
+    while len(s.tokens) < len(PROMPT) + n_out:
+        lps += s.step(mode, BLOCK, never).logprobs
+    return s.tokens[len(PROMPT) :], lps
+
+
+def test_logprobs_are_the_targets_raw_ones_in_both_modes(pair: Any) -> None:
+    spec_tokens, spec = logprob_run(pair, "spec")
+    ar_tokens, ar = logprob_run(pair, "ar")
+    assert spec_tokens == ar_tokens and len(spec) == len(spec_tokens)
+    for a, b in zip(spec, ar):
+        assert a.token_id == b.token_id
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+    # ...and they are the model's own log-softmax at each position
+    logits = pair[0](mx.array([[*PROMPT, *ar_tokens]]))[0, len(PROMPT) - 1 : -1]
+    want = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    got = [lp.logprob for lp in ar]
+    np.testing.assert_allclose(got, want[np.arange(len(ar_tokens)), ar_tokens], atol=1e-4)
+    assert all(lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1] for lp in ar)

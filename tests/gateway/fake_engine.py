@@ -25,6 +25,8 @@ from toolflash.engine.api import (
     GenerationStats,
     ModeController,
     TokenEvent,
+    TokenLogprob,
+    TopLogprob,
 )
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -41,6 +43,24 @@ def stop_holdback(text: str, stops: Sequence[str]) -> int:
     return keep
 
 
+def fake_logprobs(tokens: Sequence[int], request: GenerationRequest) -> tuple[TokenLogprob, ...]:
+    """Scripted log-probabilities: -0.1 per token, alternatives '?' then the next chars."""
+    if request.logprobs is None:
+        return ()
+    return tuple(
+        TokenLogprob(
+            t,
+            chr(t),
+            -0.1,
+            tuple(
+                TopLogprob(a, chr(a), -0.1 - i)
+                for i, a in enumerate([t, ord("?"), t + 1][: request.logprobs])
+            ),
+        )
+        for t in tokens
+    )
+
+
 @dataclass
 class FakeEngine:
     model_id: str = "fake-model"
@@ -52,6 +72,8 @@ class FakeEngine:
     fail_after_tokens: int | None = None
     think_in_prompt: bool = False
     cached_tokens: int = 0
+    vocab_size: int = 0x110000  # characters are tokens
+    generation_defaults: dict[str, float] = field(default_factory=dict)
     # Observations for tests.
     last_chat: tuple[Any, Any, Any] | None = None
     last_request: GenerationRequest | None = None
@@ -190,11 +212,11 @@ class FakeEngine:
             text = self.decode(committed)
             hit = min((text.find(s) for s in stops if s in text), default=-1)
             if hit >= 0:
-                yield TokenEvent(tuple(new), text[sent:hit], rec)
+                yield TokenEvent(tuple(new), text[sent:hit], rec, fake_logprobs(new, request))
                 reason = "stop"
                 break
             safe = len(text) - stop_holdback(text, stops)
-            yield TokenEvent(tuple(new), text[sent:safe], rec)
+            yield TokenEvent(tuple(new), text[sent:safe], rec, fake_logprobs(new, request))
             if controller is not None:
                 decision = controller.after_step(rec, new, text[sent:safe])
                 mode, block = decision.mode, decision.block_size

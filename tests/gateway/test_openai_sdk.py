@@ -100,7 +100,7 @@ def test_plain_chat(served: Served) -> None:
     assert r.usage.prompt_tokens_details is not None
     assert r.usage.prompt_tokens_details.cached_tokens == 0
     tf = r.model_extra["toolflash"]
-    assert tf["sampling"] == "greedy" and tf["modes"] == ["spec"]
+    assert tf["sampling"]["method"] == "greedy" and tf["modes"] == ["spec"]
     assert tf["cycles"] > 0 and tf["tokens_per_cycle"] > 1
     assert tf["accepted"] == r.usage.completion_tokens - tf["cycles"]
 
@@ -307,12 +307,45 @@ def test_stop_strings_and_seed(served: Served) -> None:
     assert served.engine.last_request.sampling.seed == 7
 
 
-def test_temperature_is_accepted_and_decoded_greedily(served: Served) -> None:
+def test_sampling_fields_reach_the_engine_and_the_report(served: Served) -> None:
     r = served.client().chat.completions.create(
-        model="fake-model", messages=user("hot"), temperature=0.9, top_p=0.5
+        model="fake-model",
+        messages=user("hot"),
+        temperature=0.9,
+        top_p=0.5,
+        seed=11,
+        frequency_penalty=0.5,
+        presence_penalty=-0.25,
+        logit_bias={"104": 3.0, "7": -100},
+        extra_body={"top_k": 40, "min_p": 0.05},
     )
-    assert r.model_extra["toolflash"]["sampling"] == "greedy"
-    assert served.engine.last_request.sampling.temperature == 0.0
+    info = r.model_extra["toolflash"]["sampling"]
+    assert info == {
+        "method": "sample",
+        "temperature": 0.9,
+        "top_p": 0.5,
+        "top_k": 40,
+        "min_p": 0.05,
+        "seed": 11,
+        "frequency_penalty": 0.5,
+        "presence_penalty": -0.25,
+        "logit_bias_tokens": 2,
+        "from_model_defaults": [],
+    }
+    sp = served.engine.last_request.sampling
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.seed) == (0.9, 0.5, 40, 0.05, 11)
+    assert dict(sp.logit_bias) == {104: 3.0, 7: -100.0}
+    assert "top_k" not in r.model_extra["toolflash"]["ignored_fields"]
+
+
+def test_no_temperature_is_greedy_and_an_unseeded_sample_reports_its_seed(served: Served) -> None:
+    c = served.client()
+    r = c.chat.completions.create(model="fake-model", messages=user("cool"))
+    assert r.model_extra["toolflash"]["sampling"]["method"] == "greedy"
+    assert r.model_extra["toolflash"]["sampling"]["seed"] is None
+    r = c.chat.completions.create(model="fake-model", messages=user("warm"), temperature=1.0)
+    seed = r.model_extra["toolflash"]["sampling"]["seed"]
+    assert isinstance(seed, int) and served.engine.last_request.sampling.seed == seed
 
 
 def test_max_tokens_and_default_budget(served: Served) -> None:
