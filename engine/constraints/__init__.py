@@ -18,10 +18,15 @@ if TYPE_CHECKING:
 
 
 def constraint_processors(
-    request: GenerationRequest, tokenizer: Any, *, fast_forward: bool = True
+    request: GenerationRequest,
+    tokenizer: Any,
+    *,
+    fast_forward: bool = True,
+    min_forced: int = 1,
 ) -> Sequence[LogitsProcessor]:
     """The processors enforcing `request.constraint` (none without one). `fast_forward` lets
-    the session verify grammar-forced stretches without running the drafter."""
+    the session verify grammar-forced stretches (of at least `min_forced` tokens) without
+    running the drafter."""
     if request.constraint is None:
         return ()
     # Imported here: the gateway imports this package's grammar module and must not load mlx.
@@ -31,4 +36,12 @@ def constraint_processors(
 
     gt = grammar_tokenizer(tokenizer)
     matcher = gt.matcher(build_grammar(request.constraint, gt.is_special))
-    return (GrammarProcessor(matcher, gt.ll.vocab_size, gt.eos_ids, fast_forward=fast_forward),)
+    return (
+        GrammarProcessor(
+            matcher,
+            gt.ll.vocab_size,
+            gt.eos_ids,
+            fast_forward=fast_forward,
+            min_forced=min_forced,
+        ),
+    )

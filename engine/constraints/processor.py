@@ -32,6 +32,7 @@ class ConstraintStats:
     mask_s: float = 0.0  # computing and applying masks (grammar walk included)
     drafted: int = 0  # drafted tokens the grammar checked (forced runs excluded)
     grammar_rejected: int = 0  # of those, tokens at or after the first one the grammar forbids
+    grammar_cuts: int = 0  # drafts the grammar cut short (a forbidden drafted token)
     forced_runs: int = 0
     forced_tokens: int = 0
 
@@ -101,6 +102,7 @@ class GrammarProcessor:
         if draft and not forced:
             self.stats.drafted += len(draft)
             self.stats.grammar_rejected += len(draft) - allowed
+            self.stats.grammar_cuts += allowed < len(draft)
         out = apply_bitmask(logits, bitmask)
         self.stats.mask_s += time.perf_counter() - t0
         return out, allowed
