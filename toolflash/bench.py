@@ -4,6 +4,10 @@ For every prompt both modes run on the same engine (alternating, after a warm-up
 ratio is measured under the same conditions. Reports decode tok/s per mode, the speedup,
 tokens per cycle, acceptance by block position, the phase split of speculative cycles, and
 whether speculative output equalled AR output token for token (the lossless contract).
+
+With several temperatures every prompt runs at each of them in the same process: greedy
+(temperature 0) must be token-identical across modes; sampled runs use exact speculative
+sampling (same distribution, not the same tokens), seeded so a run can be repeated.
 """
 
 from __future__ import annotations
@@ -16,7 +20,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from toolflash.engine.api import Engine, FinishEvent, GenerationRequest, GenerationStats, Mode
+from toolflash.engine.api import (
+    Engine,
+    FinishEvent,
+    GenerationRequest,
+    GenerationStats,
+    Mode,
+    SamplingParams,
+)
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,7 @@ class KindResult:
 
     kind: str
     prompts: int
+    temperature: float
     ar_tok_s: float
     spec_tok_s: float
     speedup: float
@@ -43,13 +55,19 @@ class KindResult:
     phase_split: dict[str, float]
     mean_prompt_tokens: float
     mean_output_tokens: float
-    lossless: bool
+    lossless: bool | None  # spec == AR token for token; None for sampled runs
 
 
 def _run(
-    engine: Engine, prompt: list[int], mode: Mode, max_tokens: int
+    engine: Engine,
+    prompt: list[int],
+    mode: Mode,
+    max_tokens: int,
+    sampling: SamplingParams = SamplingParams(),
 ) -> tuple[list[int], GenerationStats]:
-    request = GenerationRequest(prompt_tokens=tuple(prompt), max_tokens=max_tokens, mode=mode)
+    request = GenerationRequest(
+        prompt_tokens=tuple(prompt), max_tokens=max_tokens, mode=mode, sampling=sampling
+    )
     tokens: list[int] = []
     stats = None
     for event in engine.generate(request):
@@ -62,9 +80,16 @@ def _run(
 
 
 def bench_kind(
-    engine: Engine, kind: str, prompts: Sequence[BenchPrompt], max_tokens: int, repeats: int
+    engine: Engine,
+    kind: str,
+    prompts: Sequence[BenchPrompt],
+    max_tokens: int,
+    repeats: int,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> KindResult:
-    """Run every prompt of one kind in both modes; report medians of per-run decode speed."""
+    """Run every prompt of one kind in both modes at `temperature`; report medians of
+    per-run decode speed. Sampled runs take seeds seed, seed+1, ... (one per run)."""
     ar_speeds: list[float] = []
     spec_speeds: list[float] = []
     spec_stats: list[GenerationStats] = []
@@ -75,8 +100,10 @@ def bench_kind(
         prompt_lens.append(len(ids))
         _run(engine, ids, "ar", 8)  # warm-up: first-call compilation, allocator
         for _ in range(repeats):
-            ar_tokens, ar = _run(engine, ids, "ar", max_tokens)
-            spec_tokens, spec = _run(engine, ids, "spec", max_tokens)
+            sampling = SamplingParams(temperature=temperature, seed=seed)
+            seed += 1
+            ar_tokens, ar = _run(engine, ids, "ar", max_tokens, sampling)
+            spec_tokens, spec = _run(engine, ids, "spec", max_tokens, sampling)
             lossless &= ar_tokens == spec_tokens
             ar_speeds.append(ar.decode_tokens_per_s)
             spec_speeds.append(spec.decode_tokens_per_s)
@@ -93,6 +120,7 @@ def bench_kind(
     return KindResult(
         kind=kind,
         prompts=len(prompts),
+        temperature=temperature,
         ar_tok_s=ar_med,
         spec_tok_s=spec_med,
         speedup=spec_med / ar_med if ar_med else 0.0,
@@ -105,7 +133,7 @@ def bench_kind(
         },
         mean_prompt_tokens=statistics.mean(prompt_lens),
         mean_output_tokens=statistics.mean(out_lens) if out_lens else 0.0,
-        lossless=lossless,
+        lossless=lossless if temperature == 0 else None,
     )
 
 
@@ -114,18 +142,26 @@ def run_benchmark(
     prompts: Sequence[BenchPrompt],
     max_tokens: int = 256,
     repeats: int = 1,
+    temperatures: Sequence[float] = (0.0,),
+    seed: int = 0,
 ) -> dict[str, Any]:
-    """All kinds; returns a JSON-able report with versions and machine."""
+    """All kinds at every temperature; returns a JSON-able report with versions and machine."""
     kinds: dict[str, list[BenchPrompt]] = {}
     for p in prompts:
         kinds.setdefault(p.kind, []).append(p)
     t0 = time.perf_counter()
-    results = [bench_kind(engine, k, ps, max_tokens, repeats) for k, ps in kinds.items()]
+    results = [
+        bench_kind(engine, k, ps, max_tokens, repeats, t, seed)
+        for k, ps in kinds.items()
+        for t in temperatures
+    ]
     return {
         "model": engine.model_id,
         "draft": engine.draft_id,
         "max_tokens": max_tokens,
         "repeats": repeats,
+        "temperatures": list(temperatures),
+        "seed": seed,
         "machine": _machine(),
         "wall_s": round(time.perf_counter() - t0, 1),
         "kinds": [asdict(r) for r in results],
@@ -152,17 +188,30 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines = [
         f"model={report['model']} draft={report['draft']} max_tokens={report['max_tokens']} "
         f"device={report['machine']['device']} blas={report['machine']['blas']}",
-        f"{'kind':<10} {'AR tok/s':>9} {'spec tok/s':>10} {'speedup':>8} {'tok/cycle':>9} "
-        f"{'draft%':>7} {'verify%':>8} {'rollb%':>7} {'prompt':>7} {'out':>5} lossless",
+        f"{'kind':<10} {'temp':>5} {'AR tok/s':>9} {'spec tok/s':>10} {'speedup':>8} "
+        f"{'tok/cycle':>9} {'draft%':>7} {'verify%':>8} {'rollb%':>7} {'prompt':>7} {'out':>5} "
+        "lossless",
     ]
     for r in report["kinds"]:
         ph = r["phase_split"]
+        lossless = "-" if r["lossless"] is None else str(r["lossless"])
         lines.append(
-            f"{r['kind']:<10} {r['ar_tok_s']:>9.1f} {r['spec_tok_s']:>10.1f} "
+            f"{r['kind']:<10} {r['temperature']:>5.2f} {r['ar_tok_s']:>9.1f} {r['spec_tok_s']:>10.1f} "
             f"{r['speedup']:>7.2f}x {r['tokens_per_cycle']:>9.2f} {100 * ph['draft']:>6.1f}% "
             f"{100 * ph['verify']:>7.1f}% {100 * ph['rollback']:>6.1f}% "
-            f"{r['mean_prompt_tokens']:>7.0f} {r['mean_output_tokens']:>5.0f} {r['lossless']}"
+            f"{r['mean_prompt_tokens']:>7.0f} {r['mean_output_tokens']:>5.0f} {lossless}"
         )
+    temps = sorted({r["temperature"] for r in report["kinds"]})
+    if len(temps) > 1:
+        lines += ["", "tokens per cycle / speedup vs AR, by temperature:"]
+        lines.append(f"{'kind':<10} " + " ".join(f"{'T=' + format(t, 'g'):>15}" for t in temps))
+        by = {(r["kind"], r["temperature"]): r for r in report["kinds"]}
+        for kind in dict.fromkeys(r["kind"] for r in report["kinds"]):
+            cells = [
+                f"{by[kind, t]['tokens_per_cycle']:>6.2f} / {by[kind, t]['speedup']:>5.2f}x"
+                for t in temps
+            ]
+            lines.append(f"{kind:<10} " + " ".join(f"{c:>15}" for c in cells))
     return "\n".join(lines)
 
 

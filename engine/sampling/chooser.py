@@ -17,9 +17,9 @@ import mlx.core as mx
 from ..api import SamplingParams
 from ..host import host_int, host_ints
 from ..selection import LogitsProcessor, Proposal, Verdict, _apply, forced_from
-from .rejection import one_hot, rejection_verify
+from .rejection import rejection_verify
 from .rng import ACCEPT, CHOOSE, DRAFT, RESAMPLE, KeySchedule
-from .shaping import Shaping, shape_logprobs
+from .shaping import Shaping, sample, shape_logits, shape_probs, weights
 
 
 class ProposalAdjuster(Protocol):
@@ -57,22 +57,22 @@ class SamplingChooser:
         allowed = len(draft)
         if self.processors:
             logits, allowed = _apply(self.processors, logits, draft)
-        return mx.exp(shape_logprobs(logits, self.shaping)), allowed
+        return shape_probs(logits, self.shaping), allowed
 
     def choose(self, logits: mx.array) -> int:
         rows = logits[None]
         if self.processors:
             rows = _apply(self.processors, rows, ())[0]
-        logprobs = shape_logprobs(rows, self.shaping)[0]
-        return host_int(mx.random.categorical(logprobs, key=self.keys.key(CHOOSE, self.position)))
+        w = weights(shape_logits(rows, self.shaping))
+        return host_int(sample(w, self.keys.key(CHOOSE, self.position))[0])
 
     def draft(self, drafter_logits: mx.array) -> Proposal:
         x = drafter_logits
         for adjuster in self.proposal_adjusters:
             x = adjuster.adjust_proposal(x)
-        logq = shape_logprobs(x, self.shaping)
-        tokens = mx.random.categorical(logq, key=self.keys.key(DRAFT, self.position))
-        return Proposal(tokens, probs=mx.exp(logq))
+        w = weights(shape_logits(x, self.shaping))
+        tokens = sample(w, self.keys.key(DRAFT, self.position))
+        return Proposal(tokens, probs=w / w.sum(axis=-1, keepdims=True))
 
     def forced(self, limit: int) -> Proposal | None:
         run = forced_from(self.processors, limit)
@@ -83,10 +83,9 @@ class SamplingChooser:
         k = int(draft.shape[0])
         draft_list = host_ints(draft) if self.processors else []
         p, allowed = self.target_probs(target_logits, draft_list)
-        q = proposal.probs if proposal.probs is not None else one_hot(draft, p.shape[-1])
         accepted_arr, token_arr = rejection_verify(
             draft,
-            q,
+            proposal.probs,  # None: a deterministic (one-hot) proposal
             p,
             self.keys.key(ACCEPT, self.position),
             self.keys.key(RESAMPLE, self.position),

@@ -35,7 +35,7 @@ def reference_probs(
         p /= p.sum()
         order = np.argsort(-x, kind="stable")
         before = np.cumsum(p[order]) - p[order]
-        kept = order[before < top_p]
+        kept = order[(before < top_p) | (np.arange(len(x)) == 0)]
         threshold = x[kept].min()
         x = np.where(x >= threshold, x, -np.inf)
     if min_p > 0.0:

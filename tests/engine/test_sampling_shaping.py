@@ -14,8 +14,10 @@ from toolflash.engine.sampling import (
     sampling_processors,
     shape_logprobs,
 )
+from toolflash.engine.sampling.shaping import sample
 
 from .sampling_reference import reference_probs
+from .stats import ALPHA, chi_square
 
 SETTINGS = [
     {"temperature": 1.0},
@@ -25,6 +27,7 @@ SETTINGS = [
     {"temperature": 1.2, "min_p": 0.1},
     {"temperature": 0.7, "top_k": 20, "top_p": 0.95, "min_p": 0.05},
     {"temperature": 2.0, "top_p": 0.01},  # keeps the argmax alone
+    {"temperature": 1.0, "top_p": 0.0},  # so does top_p 0
 ]
 
 
@@ -76,3 +79,13 @@ def test_plain_requests_get_no_processors() -> None:
         for p in sampling_processors(SamplingParams(presence_penalty=0.1, logit_bias={1: 1.0}), 32)
     ]
     assert kinds == [PenaltyProcessor, BiasProcessor]
+
+
+def test_inverse_cdf_draws_follow_the_weights_and_skip_zeros() -> None:
+    w = np.array([0.0, 1.0, 0.0, 3.0, 0.5, 0.0], dtype=np.float32)
+    n = 40_000
+    tokens = np.array(sample(mx.broadcast_to(mx.array(w), (n, len(w))), mx.random.key(3)))
+    counts = np.bincount(tokens, minlength=len(w))
+    assert counts[w == 0].sum() == 0
+    pval, _ = chi_square(counts, w / w.sum())
+    assert pval > ALPHA

@@ -21,6 +21,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--block-size", type=int, default=None)
+    p.add_argument(
+        "--temperature",
+        default="0",
+        help="temperature, or a comma list run side by side (e.g. 0,0.6,1.0); 0 is greedy",
+    )
+    p.add_argument("--seed", type=int, default=0, help="first seed of the sampled runs")
     p.add_argument("--json", dest="json_out", default=None, help="also write the report here")
 
 
@@ -39,8 +45,14 @@ def run(args: argparse.Namespace) -> int:
         if by_kind.get(p.kind, 0) < args.per_kind:
             by_kind[p.kind] = by_kind.get(p.kind, 0) + 1
             selected.append(p)
+    try:
+        temperatures = [float(t) for t in args.temperature.split(",") if t.strip()]
+    except ValueError:
+        raise SystemExit(f"--temperature: not a number list: {args.temperature!r}") from None
+    if not temperatures or any(not 0 <= t <= 2 for t in temperatures):
+        raise SystemExit("--temperature: each value must be between 0 and 2")
     engine = build_engine(args.model, args.draft, block_size=args.block_size)
-    report = run_benchmark(engine, selected, args.max_tokens, args.repeats)
+    report = run_benchmark(engine, selected, args.max_tokens, args.repeats, temperatures, args.seed)
     print(format_report(report))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2))
