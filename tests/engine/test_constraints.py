@@ -302,3 +302,25 @@ def test_json_answer_or_tool_call_when_tools_are_offered(engine: Any) -> None:
         m = gt.matcher(grammar)
         ids = engine.encode(text)
         assert (m.try_consume_tokens(ids) == len(ids) and m.is_accepting()) == complete, text
+
+
+def test_hybrid_pair_constrained_spec_equals_ar() -> None:
+    """The Qwen3.5 hybrid (GatedDeltaNet state rolled back by tape) under a grammar."""
+    from toolflash.engine.factory import assets_dir
+
+    base = assets_dir()
+    hybrid = build_engine(str(base / "qwen35-tiny"), str(base / "qwen35-tiny-dflash"))
+    tools = (WEATHER, SEARCH)
+    prompt = hybrid.encode_chat(
+        [{"role": "user", "content": "Find the retry logic."}],
+        [_openai_tool(t) for t in tools],
+        {"enable_thinking": False, "tool_call_format": "qwen3_coder"},
+    )
+    constraint = OutputConstraint("tool_calls", tools=tools, tool_format="qwen3_coder")
+    tokens, _ = all_modes_agree(
+        hybrid, GenerationRequest(tuple(prompt), 120, constraint=constraint)
+    )
+    pieces = get_parser("qwen3_coder").parse(
+        content_of(hybrid, tokens), {t.name: t.parameters for t in tools}
+    )
+    assert any(isinstance(p, CallClosed) and p.ok for p in pieces)
