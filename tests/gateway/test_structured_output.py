@@ -202,3 +202,10 @@ def test_final_check_refuses_an_invalid_strict_answer(fake: Served) -> None:
     ok = '{"name": "Ann", "age": 3, "role": "dev"}'
     r = _chat(fake, ok, response_format=_json_format())
     assert r.json()["toolflash"]["structured_output"] == {"valid": True, "error": None}
+
+
+def test_final_check_failure_after_stream_start_is_an_error_event(fake: Served) -> None:
+    r = _chat(fake, '{"name": "Ann"}', response_format=_json_format(), stream=True)
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert "final JSON check" in json.loads(events[-2])["error"]["message"]
