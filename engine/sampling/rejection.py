@@ -37,8 +37,9 @@ def rejection_verify(
 
     `draft` [..., K] tokens drawn from `q` [..., K, V] (probabilities; None: one-hot at the
     draft), `p` [..., K+1, V] the target's probabilities (row i scores the token after the
-    first i drafted tokens). `allowed` caps acceptance (a constraint refused the drafted token
-    there, so the target's processed p gives it no mass and the residual is p itself).
+    first i drafted tokens). `allowed` caps acceptance where a constraint refused the drafted
+    token: its processed p gives that token no mass, so the rule rejects it anyway and the
+    residual is the exact replacement; the cap only guards the rows after it.
     Leading dimensions are independent trials (the tests draw thousands at once). Only
     gathers and one row per trial touch the vocabulary dimension."""
     k = draft.shape[-1]
