@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 
-from toolflash.engine.api import FinishEvent, GenerationRequest
+from toolflash.engine.api import FinishEvent, GenerationRequest, SamplingParams
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,6 +18,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=["spec", "ar"], default="spec")
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="0 is greedy (default: the model's generation_config.json, else 0)",
+    )
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None, help="reproducible sampling")
+
+
+def _sampling(args: argparse.Namespace, defaults: Mapping[str, float]) -> SamplingParams:
+    """Flags, else the model's defaults, else greedy (as the gateway merges a request)."""
+
+    def pick(name: str, value: float | None, neutral: float) -> float:
+        return float(value) if value is not None else float(defaults.get(name, neutral))
+
+    return SamplingParams(
+        temperature=pick("temperature", args.temperature, 0.0),
+        top_p=pick("top_p", args.top_p, 1.0),
+        top_k=int(pick("top_k", args.top_k, 0)),
+        min_p=pick("min_p", args.min_p, 0.0),
+        seed=args.seed,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         mode=args.mode,
         block_size=args.block_size,
+        sampling=_sampling(args, engine.generation_defaults),
     )
     finish = None
     for event in engine.generate(request):

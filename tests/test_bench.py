@@ -1,0 +1,45 @@
+"""`toolflash bench` at several temperatures, on the scripted fake engine (no model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.gateway.fake_engine import FakeEngine
+from toolflash import bench
+from toolflash.bench import BenchPrompt, format_report, run_benchmark
+
+
+@pytest.fixture(autouse=True)
+def no_mlx_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "_machine", lambda: {"device": "fake", "blas": "none"})
+
+
+def test_every_kind_at_every_temperature_side_by_side() -> None:
+    engine = FakeEngine()
+    seen: list[Any] = []
+    generate = engine.generate
+
+    def record(request: Any, *a: Any, **kw: Any) -> Any:
+        seen.append(request.sampling)
+        return generate(request, *a, **kw)
+
+    engine.generate = record  # type: ignore[method-assign]
+    prompts = [
+        BenchPrompt("code", [{"role": "user", "content": "SCRIPT:def f(): pass"}]),
+        BenchPrompt("json", [{"role": "user", "content": 'SCRIPT:{"a": 1}'}]),
+    ]
+    report = run_benchmark(engine, prompts, max_tokens=16, temperatures=(0.0, 0.6), seed=5)
+    rows = [(r["kind"], r["temperature"], r["lossless"]) for r in report["kinds"]]
+    assert rows == [
+        ("code", 0.0, True),
+        ("code", 0.6, None),
+        ("json", 0.0, True),
+        ("json", 0.6, None),
+    ]
+    assert report["temperatures"] == [0.0, 0.6] and report["seed"] == 5
+    sampled = [s for s in seen if s.temperature == 0.6]
+    assert sampled and {s.seed for s in sampled} == {5}  # one prompt per kind, one repeat
+    text = format_report(report)
+    assert "T=0.6" in text and "tokens per cycle / speedup vs AR" in text
