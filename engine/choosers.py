@@ -20,4 +20,4 @@ def build_chooser(request: GenerationRequest, vocab_size: int, tokenizer: Any) -
     processors.extend(own)
     if request.sampling.greedy:
         return GreedyChooser(processors)
-    return SamplingChooser(request.sampling, vocab_size, processors, own)
+    return SamplingChooser(request.sampling, processors, own)

@@ -39,14 +39,12 @@ class SamplingChooser:
     def __init__(
         self,
         params: SamplingParams,
-        vocab_size: int,
         processors: Sequence[LogitsProcessor] = (),
         proposal_adjusters: Sequence[ProposalAdjuster] = (),
     ):
         if params.greedy:
             raise ValueError("SamplingChooser needs temperature > 0 (use GreedyChooser)")
         self.shaping = Shaping.of(params)
-        self.vocab_size = vocab_size
         self.processors = list(processors)
         self.proposal_adjusters = list(proposal_adjusters)
         self.keys = KeySchedule(params.seed)
