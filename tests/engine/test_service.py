@@ -141,5 +141,5 @@ def test_tool_call_format_detection() -> None:
 
     assert tool_call_format_of('{{ "<tool_call>\\n<function=" + name }}') == "qwen3_coder"
     assert tool_call_format_of('<tool_call>\\n{"name": {{ name }}}') == "hermes"
-    both = "{% if xml %}<function={{ n }}>{% else %}{\"name\": {{ n }}}{% endif %}"
+    both = '{% if xml %}<function={{ n }}>{% else %}{"name": {{ n }}}{% endif %}'
     assert tool_call_format_of(both) == "hermes"
