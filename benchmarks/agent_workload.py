@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolflash.engine.api import FinishEvent, GenerationRequest, TokenEvent
+from toolflash.engine.api import FinishEvent, GenerationRequest, OutputConstraint, TokenEvent
+from toolflash.gateway.protocol import ChatCompletionRequest
+from toolflash.gateway.structured import build_constraint, for_prompt, reasoning_mode
 from toolflash.policy.config import PolicyConfig
 from toolflash.policy.controller import AdaptivePolicy, PolicyController
 from toolflash.policy.request_class import RequestClass, classify
@@ -148,6 +150,7 @@ class Session:
     tools: bool = True
     tool_choice: str = "auto"
     response_format: str | None = None
+    schema: dict[str, Any] | None = None  # the json_schema of a `response_format` session
     thinking: bool | None = False
     system: str = "You are a careful coding agent working in a Python repository."
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -261,6 +264,17 @@ SESSIONS: list[Session] = [
         ],
         tools=False,
         response_format="json_schema",
+        schema={
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "version": {"type": "string"},
+                "dependencies": {"type": "array", "items": {"type": "string"}},
+                "license": {"type": "string"},
+            },
+            "required": ["name", "version", "dependencies", "license"],
+            "additionalProperties": False,
+        },
     ),
     Session(
         "write-code",
@@ -316,6 +330,25 @@ class WorkItem:
     request_class: RequestClass
     json_output: bool
     start_in_reasoning: bool
+    # The grammar the gateway would enforce (response_format, forced tool calls), or None.
+    constraint: OutputConstraint | None = None
+
+
+def session_constraint(s: Session, tools: list[dict[str, Any]] | None) -> OutputConstraint | None:
+    """The constraint the gateway builds for this session's requests (before binding to a
+    prompt); it depends on tools, tool_choice and response_format, not on the messages."""
+    body: dict[str, Any] = {"model": "bench", "messages": [{"role": "user", "content": "-"}]}
+    if tools:
+        body["tools"] = tools
+        body["tool_choice"] = s.tool_choice
+    if s.response_format == "json_schema":
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": s.name.replace("-", "_"), "schema": s.schema, "strict": True},
+        }
+    elif s.response_format is not None:
+        body["response_format"] = {"type": s.response_format}
+    return build_constraint(ChatCompletionRequest.model_validate(body))
 
 
 def build_workload(engine: Any) -> list[WorkItem]:
@@ -336,7 +369,12 @@ def build_workload(engine: Any) -> list[WorkItem]:
                     last_role=history[-1]["role"],
                     prompt_tokens=len(prompt),
                 )
-                tail = engine.decode(prompt[-8:]).rstrip()
+                tail = engine.decode(prompt[-8:])
+                in_reasoning = tail.rstrip().endswith("<think>")
+                constraint = session_constraint(s, tools)
+                if constraint is not None:
+                    reasoning = reasoning_mode(tail, s.thinking, in_reasoning)
+                    constraint = for_prompt(constraint, engine.tool_call_format, reasoning)
                 items.append(
                     WorkItem(
                         s.name,
@@ -344,7 +382,8 @@ def build_workload(engine: Any) -> list[WorkItem]:
                         tuple(prompt),
                         cls,
                         s.response_format is not None,
-                        tail.endswith("<think>"),
+                        in_reasoning,
+                        constraint,
                     )
                 )
             history.append(message)
@@ -376,7 +415,7 @@ def generate(
             item.json_output,
             start_in_reasoning=item.start_in_reasoning,
         )
-    request = GenerationRequest(item.prompt, max_tokens, mode=mode)
+    request = GenerationRequest(item.prompt, max_tokens, mode=mode, constraint=item.constraint)
     tokens: list[int] = []
     finish: FinishEvent | None = None
     cpu0 = 0.0
