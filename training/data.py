@@ -18,6 +18,7 @@ Each example is prompt + response tokens with the loss on the response only.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from tqdm import tqdm
 
 from toolflash.engine.targets.base import TargetAdapter
 
+from .batched import batched_continuations
 from .generation import generate
 
 log = structlog.get_logger(__name__)
@@ -256,26 +258,59 @@ def distill(
     max_new_tokens: int = 256,
     max_len: int = 512,
     progress: bool = True,
+    batch_size: int = 1,
 ) -> list[TrainingExample]:
     """Training examples from the target's own greedy continuations of `prompts` (records that
-    carry a response keep it). Stops at a stop id or `max_new_tokens`."""
+    carry a response keep it). Stops at a stop id (kept as the last response token) or after
+    `max_new_tokens`. `batch_size` > 1 decodes that many prompts per forward through mlx-lm's
+    batch generator (`batched.py`, same tokens); 1 runs one engine session per prompt."""
+    if batch_size < 1:
+        raise ValueError(f"distillation batch size must be >= 1, got {batch_size}")
     stops = set(stop_ids)
-    examples: list[TrainingExample] = []
     records = as_records(prompts)
-    bar = tqdm(records, desc="distill", unit="prompt", disable=not progress)
+    todo = [i for i, r in enumerate(records) if r.response is None]
+    responses: dict[int, Sequence[int]] = {
+        i: r.response for i, r in enumerate(records) if r.response is not None
+    }
+    bar = tqdm(total=len(todo), desc="distill", unit="prompt", disable=not progress)
     generated = 0
-    for record in bar:
-        response: Sequence[int]
-        if record.response is not None:
-            response = record.response
-        else:
-            response = generate(target, record.tokens, max_new_tokens, stops).output
-            generated += len(response)
-            bar.set_postfix(tokens=generated)
-        example = example_from(record.tokens, response, record.kind, max_len)
-        if example is not None:
-            examples.append(example)
-    log.info("distilled", prompts=len(records), examples=len(examples), generated=generated)
+
+    def done(i: int, output: Sequence[int]) -> None:
+        nonlocal generated
+        responses[i] = output
+        generated += len(output)
+        bar.update(1)
+        bar.set_postfix(tokens=generated)
+
+    t0 = time.perf_counter()
+    if batch_size > 1 and todo:
+        batched_continuations(
+            target.model,
+            [records[i].tokens for i in todo],
+            max_new_tokens,
+            stops,
+            batch_size,
+            on_done=lambda j, output: done(todo[j], output),
+        )
+    else:
+        for i in todo:
+            done(i, generate(target, records[i].tokens, max_new_tokens, stops).output)
+    seconds = time.perf_counter() - t0
+    bar.close()
+    examples = [
+        ex
+        for i, r in enumerate(records)
+        if (ex := example_from(r.tokens, responses[i], r.kind, max_len)) is not None
+    ]
+    log.info(
+        "distilled",
+        prompts=len(records),
+        examples=len(examples),
+        generated=generated,
+        seconds=round(seconds, 2),
+        tokens_per_s=round(generated / seconds, 1) if seconds > 0 else None,
+        batch_size=batch_size,
+    )
     return examples
 
 

@@ -43,6 +43,9 @@ class DraftJob:
     target_layer_ids: list[int] | None = None
     max_new_tokens: int = 256  # distillation: greedy continuation length
     max_len: int = 512  # prompt + response tokens per training example
+    # Distillation prompts decoded per forward (mlx-lm batch generator); 1 = one engine
+    # session per prompt (the fallback where batched generation fails on a backend).
+    distill_batch: int = 64
     eval_max_new_tokens: int = 128
     warm_start: bool = False  # start the draft layers from the target's last layers
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -82,7 +85,9 @@ def train_draft(
     warm = init_from_target(drafter, target) if job.warm_start else []
 
     t0 = time.perf_counter()
-    examples = distill(target, records, stops, job.max_new_tokens, job.max_len, progress)
+    examples = distill(
+        target, records, stops, job.max_new_tokens, job.max_len, progress, job.distill_batch
+    )
     distill_s = time.perf_counter() - t0
     if not examples:
         raise ValueError("no usable training examples (every response was shorter than 2 tokens)")
@@ -128,6 +133,7 @@ def train_draft(
             "response_tokens": sum(ex.response_len for ex in examples),
             "max_new_tokens": job.max_new_tokens,
             "max_len": job.max_len,
+            "distill_batch": job.distill_batch,
         },
         "train_config": asdict(job.train),
         "training": training.summary(),

@@ -1,7 +1,9 @@
 """`toolflash train-draft`: train a DFlash drafter against a frozen target and measure it.
 
-Writes the z-lab format (config.json + model.safetensors) and training_report.json to --out,
-and prints the real-loop tokens per cycle per prompt kind on held-out prompts.
+Distils the target's greedy continuations of --data (batched, --distill-batch prompts per
+forward), trains the drafter on them, writes the z-lab format (config.json + model.safetensors)
+and training_report.json to --out, and prints the real-loop tokens per cycle per prompt kind on
+held-out prompts. `toolflash zoo prompts` writes a large distillation prompt pool for --data.
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-len", type=int, default=512, help="tokens per training example")
     parser.add_argument(
+        "--distill-batch",
+        type=_positive,
+        default=64,
+        metavar="N",
+        help="prompts decoded together during distillation (mlx-lm batch generator, same "
+        "greedy tokens as one at a time); 1 = one engine session per prompt, the fallback "
+        "where batched generation fails (e.g. Qwen3.5 hybrids on MLX's CUDA backend)",
+    )
+    parser.add_argument(
         "--use-recorded",
         action="store_true",
         help="train on recorded assistant outputs of traffic records instead of regenerating",
@@ -57,6 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-compile", action="store_true", help="do not mx.compile the step")
     parser.add_argument("--no-progress", action="store_true")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         target_layer_ids=layer_ids,
         max_new_tokens=args.max_new_tokens,
         max_len=args.max_len,
+        distill_batch=args.distill_batch,
         eval_max_new_tokens=args.eval_max_new_tokens,
         warm_start=args.warm_start,
         train=TrainConfig(
