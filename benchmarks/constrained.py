@@ -242,9 +242,9 @@ def run_case(
             a["decode_s"].append(r.decode_s)
             a["drafted"], a["accepted"], a["cycles"] = r.drafted, r.accepted, r.cycles
             if r.proc is not None:
-                s = r.proc.stats
+                s = r.proc.stats()
                 a["grammar"] = {
-                    "masks": s.masks,
+                    "masks": s.mask_rows,
                     "mask_s": s.mask_s,
                     "drafted_checked": s.drafted,
                     "grammar_rejected": s.grammar_rejected,

@@ -172,8 +172,42 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class ConstraintStats:
+    """What the output constraint (grammar masks) did over one generation. Forced runs are
+    grammar-fixed stretches verified without drafting them; `drafted` counts only drafted
+    tokens the grammar checked, `grammar_rejected` those at or after the first it forbade."""
+
+    mask_rows: int = 0  # mask rows computed (AR steps and verify rows)
+    mask_s: float = 0.0  # computing and applying masks (grammar walks included)
+    drafted: int = 0
+    grammar_rejected: int = 0
+    grammar_cuts: int = 0  # drafts the grammar cut short
+    forced_runs: int = 0
+    forced_tokens: int = 0
+
+    def __add__(self, other: ConstraintStats) -> ConstraintStats:
+        return ConstraintStats(
+            self.mask_rows + other.mask_rows,
+            self.mask_s + other.mask_s,
+            self.drafted + other.drafted,
+            self.grammar_rejected + other.grammar_rejected,
+            self.grammar_cuts + other.grammar_cuts,
+            self.forced_runs + other.forced_runs,
+            self.forced_tokens + other.forced_tokens,
+        )
+
+    @property
+    def rejected_share(self) -> float:
+        return self.grammar_rejected / self.drafted if self.drafted else 0.0
+
+    @property
+    def mask_us_per_row(self) -> float:
+        return 1e6 * self.mask_s / self.mask_rows if self.mask_rows else 0.0
+
+
+@dataclass(frozen=True)
 class GenerationStats:
-    """Totals for one finished generation."""
+    """Totals for one finished generation (`constraint`: None without an output constraint)."""
 
     prompt_tokens: int
     cached_tokens: int
@@ -181,6 +215,7 @@ class GenerationStats:
     prefill_s: float
     decode_s: float
     cycles: tuple[CycleRecord, ...]
+    constraint: ConstraintStats | None = None
 
     @property
     def modes(self) -> tuple[Mode, ...]:

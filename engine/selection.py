@@ -17,6 +17,7 @@ from typing import Protocol
 import mlx.core as mx
 
 from .acceptance import greedy_acceptance
+from .api import ConstraintStats
 from .host import host_int, host_ints
 
 
@@ -36,6 +37,10 @@ class LogitsProcessor(Protocol):
 
     def forced(self, limit: int) -> list[int]:
         """Up to `limit` tokens that must come next whatever the model says ([] if none)."""
+        ...
+
+    def stats(self) -> ConstraintStats | None:
+        """What this processor did as an output constraint so far (None: not a constraint)."""
         ...
 
 
@@ -85,6 +90,10 @@ class TokenChooser(Protocol):
         cut them short)."""
         ...
 
+    def stats(self) -> ConstraintStats | None:
+        """The output constraint's figures so far (None: the request has no constraint)."""
+        ...
+
 
 def _apply(
     processors: Sequence[LogitsProcessor], logits: mx.array, draft: Sequence[int]
@@ -103,6 +112,16 @@ def forced_from(processors: Sequence[LogitsProcessor], limit: int) -> list[int]:
         if run:
             return run[:limit]
     return []
+
+
+def constraint_stats(processors: Sequence[LogitsProcessor]) -> ConstraintStats | None:
+    """The constraint figures of all `processors` together (None when none is a constraint)."""
+    total: ConstraintStats | None = None
+    for p in processors:
+        s = p.stats()
+        if s is not None:
+            total = s if total is None else total + s
+    return total
 
 
 class GreedyChooser:
@@ -138,3 +157,6 @@ class GreedyChooser:
     def commit(self, tokens: Sequence[int]) -> None:
         for p in self.processors:
             p.commit(tokens)
+
+    def stats(self) -> ConstraintStats | None:
+        return constraint_stats(self.processors)

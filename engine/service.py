@@ -229,6 +229,7 @@ class DFlashEngine:
             prefill_s=prefill_s,
             decode_s=decode_s,
             cycles=tuple(cycles),
+            constraint=session.chooser.stats(),
         )
         if controller is not None and self.drafter is not None:
             controller.finish(stats)

@@ -179,6 +179,43 @@ class GatewayMetrics:
         self.cycles = Counter(
             "toolflash:decode_cycles", "Decode cycles (an AR step is a cycle).", LABELS, registry=r
         )
+        # Grammar-constrained requests (response_format JSON, forced or strict tool calls).
+        self.constraint_mask_rows = Counter(
+            "toolflash:constraint_mask_rows", "Grammar mask rows computed.", LABELS, registry=r
+        )
+        self.constraint_mask_seconds = Counter(
+            "toolflash:constraint_mask_seconds",
+            "Time computing and applying grammar masks.",
+            LABELS,
+            registry=r,
+        )
+        self.constraint_drafted_tokens = Counter(
+            "toolflash:constraint_drafted_tokens",
+            "Drafted tokens the grammar checked (forced runs excluded).",
+            LABELS,
+            registry=r,
+        )
+        self.constraint_rejected_tokens = Counter(
+            "toolflash:constraint_rejected_tokens",
+            "Drafted tokens the grammar rejected (the first forbidden one and all after it).",
+            LABELS,
+            registry=r,
+        )
+        self.constraint_cuts = Counter(
+            "toolflash:constraint_cuts", "Drafts the grammar cut short.", LABELS, registry=r
+        )
+        self.constraint_forced_runs = Counter(
+            "toolflash:constraint_forced_runs",
+            "Grammar-forced runs verified without drafting them.",
+            LABELS,
+            registry=r,
+        )
+        self.constraint_forced_tokens = Counter(
+            "toolflash:constraint_forced_tokens",
+            "Tokens in grammar-forced runs.",
+            LABELS,
+            registry=r,
+        )
         self.ttft = Histogram(
             "toolflash:time_to_first_token_seconds",
             "Arrival to first generated token.",
@@ -239,6 +276,15 @@ class GatewayMetrics:
                 continue
             for k in range(c.accepted):
                 per_pos[k] = per_pos.get(k, 0) + 1
+        c = s.constraint
+        if c is not None:
+            self.constraint_mask_rows.labels(*labels).inc(c.mask_rows)
+            self.constraint_mask_seconds.labels(*labels).inc(c.mask_s)
+            self.constraint_drafted_tokens.labels(*labels).inc(c.drafted)
+            self.constraint_rejected_tokens.labels(*labels).inc(c.grammar_rejected)
+            self.constraint_cuts.labels(*labels).inc(c.grammar_cuts)
+            self.constraint_forced_runs.labels(*labels).inc(c.forced_runs)
+            self.constraint_forced_tokens.labels(*labels).inc(c.forced_tokens)
         if s.spec_cycles:
             self.num_drafts.labels(*labels).inc(s.spec_cycles)
             self.num_draft_tokens.labels(*labels).inc(s.drafted)

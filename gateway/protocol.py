@@ -313,6 +313,20 @@ class StructuredOutputCheck(BaseModel):
     error: str | None = None
 
 
+class ConstraintInfo(BaseModel):
+    """What the output constraint (grammar masks) did: mask rows computed and their cost,
+    drafted tokens the grammar checked and how many it rejected (cutting `grammar_cuts`
+    drafts), and the grammar-forced runs verified without drafting."""
+
+    mask_rows: int
+    mask_s: float
+    drafted_checked: int
+    grammar_rejected: int
+    grammar_cuts: int
+    forced_runs: int
+    forced_tokens: int
+
+
 class ToolflashInfo(BaseModel):
     """How a response was decoded (the `toolflash` object in bodies and the final chunk)."""
 
@@ -336,6 +350,8 @@ class ToolflashInfo(BaseModel):
     ignored_fields: list[str] = []
     # response_format JSON: the final jsonschema check of the answer ({"valid", "error"}).
     structured_output: StructuredOutputCheck | None = None
+    # Grammar-constrained requests (response_format JSON, forced or strict tool calls).
+    constraint: ConstraintInfo | None = None
 
 
 class ResponseToolCall(BaseModel):

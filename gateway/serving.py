@@ -14,6 +14,7 @@ import structlog
 from starlette.requests import Request
 
 from toolflash.engine.api import (
+    ConstraintStats,
     ContextLengthError,
     CycleRecord,
     Engine,
@@ -32,7 +33,7 @@ from toolflash.gateway.errors import (
     to_gateway_error,
 )
 from toolflash.gateway.metrics import GatewayMetrics, RequestOutcome
-from toolflash.gateway.protocol import Decision, Timings, ToolflashInfo
+from toolflash.gateway.protocol import ConstraintInfo, Decision, Timings, ToolflashInfo
 from toolflash.gateway.sampling import sampling_info
 from toolflash.gateway.status import LiveStatus, RequestRecord
 from toolflash.gateway.worker import EngineWorker, Job, Prepared
@@ -151,6 +152,19 @@ def decision_log(
         ControllerRequest(engine.model_id, request_class, response_format_json, start_in_reasoning)
     )
     return DecisionLog(controller) if controller is not None else None
+
+
+def constraint_info(c: ConstraintStats) -> ConstraintInfo:
+    """The response's `toolflash.constraint` object."""
+    return ConstraintInfo(
+        mask_rows=c.mask_rows,
+        mask_s=round(c.mask_s, 6),
+        drafted_checked=c.drafted,
+        grammar_rejected=c.grammar_rejected,
+        grammar_cuts=c.grammar_cuts,
+        forced_runs=c.forced_runs,
+        forced_tokens=c.forced_tokens,
+    )
 
 
 def new_id(prefix: str) -> str:
@@ -272,6 +286,7 @@ class RequestRun:
             decode_tokens_per_s=round(s.decode_tokens_per_s, 3) if s else 0.0,
             timings=self.timings(),
             ignored_fields=self.ignored_fields,
+            constraint=constraint_info(s.constraint) if s and s.constraint else None,
             **(extra or {}),
         )
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -21,28 +20,9 @@ import structlog
 from llguidance import LLMatcher
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
+from ..api import ConstraintStats
+
 log = structlog.get_logger(__name__)
-
-
-@dataclass
-class ConstraintStats:
-    """What a processor did over one generation (read by benchmarks and tests)."""
-
-    masks: int = 0  # mask rows computed
-    mask_s: float = 0.0  # computing and applying masks (grammar walk included)
-    drafted: int = 0  # drafted tokens the grammar checked (forced runs excluded)
-    grammar_rejected: int = 0  # of those, tokens at or after the first one the grammar forbids
-    grammar_cuts: int = 0  # drafts the grammar cut short (a forbidden drafted token)
-    forced_runs: int = 0
-    forced_tokens: int = 0
-
-    @property
-    def rejected_share(self) -> float:
-        return self.grammar_rejected / self.drafted if self.drafted else 0.0
-
-    @property
-    def mask_us_per_row(self) -> float:
-        return 1e6 * self.mask_s / self.masks if self.masks else 0.0
 
 
 class GrammarProcessor:
@@ -62,7 +42,7 @@ class GrammarProcessor:
         self.eos_ids = tuple(eos_ids)
         self.fast_forward = fast_forward
         self.min_forced = min_forced
-        self.stats = ConstraintStats()
+        self._stats = ConstraintStats()
         self._forced: list[int] = []  # the last forced run offered, until committed
 
     # -- LogitsProcessor -----------------------------------------------------------------
@@ -98,13 +78,15 @@ class GrammarProcessor:
             consumed += 1
         if consumed:
             m.rollback(consumed)
-        self.stats.masks += min(n, allowed + 1, len(draft) + 1)
-        if draft and not forced:
-            self.stats.drafted += len(draft)
-            self.stats.grammar_rejected += len(draft) - allowed
-            self.stats.grammar_cuts += allowed < len(draft)
+        checked = 0 if forced else len(draft)
         out = apply_bitmask(logits, bitmask)
-        self.stats.mask_s += time.perf_counter() - t0
+        self._stats += ConstraintStats(
+            mask_rows=min(n, allowed + 1, len(draft) + 1),
+            mask_s=time.perf_counter() - t0,
+            drafted=checked,
+            grammar_rejected=len(draft) - allowed if checked else 0,
+            grammar_cuts=int(bool(checked) and allowed < len(draft)),
+        )
         return out, allowed
 
     def commit(self, tokens: Sequence[int]) -> None:
@@ -122,13 +104,20 @@ class GrammarProcessor:
             return []
         t0 = time.perf_counter()
         run = self.matcher.compute_ff_tokens()[:limit]
-        self.stats.mask_s += time.perf_counter() - t0
-        if len(run) < self.min_forced:
+        offered = len(run) >= self.min_forced
+        self._stats += ConstraintStats(
+            mask_s=time.perf_counter() - t0,
+            forced_runs=int(offered),
+            forced_tokens=len(run) if offered else 0,
+        )
+        if not offered:
             return []
         self._forced = list(run)
-        self.stats.forced_runs += 1
-        self.stats.forced_tokens += len(run)
         return list(run)
+
+    def stats(self) -> ConstraintStats:
+        """What this processor did so far (masks, draft checks, forced runs)."""
+        return self._stats
 
     @property
     def accepting(self) -> bool:

@@ -14,9 +14,16 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from ..api import SamplingParams
+from ..api import ConstraintStats, SamplingParams
 from ..host import host_int, host_ints
-from ..selection import LogitsProcessor, Proposal, Verdict, _apply, forced_from
+from ..selection import (
+    LogitsProcessor,
+    Proposal,
+    Verdict,
+    _apply,
+    constraint_stats,
+    forced_from,
+)
 from .rejection import rejection_verify
 from .rng import ACCEPT, CHOOSE, DRAFT, RESAMPLE, KeySchedule
 from .shaping import Shaping, sample, shape_logits, shape_probs, weights
@@ -98,3 +105,6 @@ class SamplingChooser:
         self.position += len(tokens)
         for p in self.processors:
             p.commit(tokens)
+
+    def stats(self) -> ConstraintStats | None:
+        return constraint_stats(self.processors)

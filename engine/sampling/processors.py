@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import mlx.core as mx
 
-from ..api import SamplingParams
+from ..api import ConstraintStats, SamplingParams
 
 
 class PenaltyProcessor:
@@ -54,6 +54,9 @@ class PenaltyProcessor:
     def forced(self, limit: int) -> list[int]:
         return []
 
+    def stats(self) -> ConstraintStats | None:
+        return None  # not an output constraint
+
 
 class BiasProcessor:
     """OpenAI's `logit_bias`: a fixed value added to the logits of chosen token ids (-100 bans a
@@ -78,6 +81,9 @@ class BiasProcessor:
 
     def forced(self, limit: int) -> list[int]:
         return []
+
+    def stats(self) -> ConstraintStats | None:
+        return None  # not an output constraint
 
 
 def sampling_processors(

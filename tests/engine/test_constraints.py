@@ -166,7 +166,7 @@ def test_schema_outputs_validate_and_spec_equals_ar(engine: Any, name: str) -> N
     tokens, proc = all_modes_agree(engine, request)
     value = json.loads(content_of(engine, tokens))
     jsonschema.validate(value, schema)
-    assert proc.stats.masks > 0 and proc.stats.forced_tokens > 0
+    assert proc.stats().mask_rows > 0 and proc.stats().forced_tokens > 0
 
 
 def test_json_object_with_optional_thinking(engine: Any) -> None:
@@ -238,7 +238,7 @@ def test_process_cuts_draft_at_forbidden_token_and_rolls_back(engine: Any) -> No
     _, allowed = proc.process(mx.array(logits[: len(good) + 1]), good)
     assert allowed == len(good)
     proc.commit(good)
-    assert proc.stats.grammar_rejected == len(bad) - 1
+    assert proc.stats().grammar_rejected == len(bad) - 1
     rows, _ = proc.process(mx.array(logits[:1]), [])
     assert np.isneginf(np.array(rows[0])[min(engine.eos_ids)])  # no EOS mid-string
 
@@ -324,3 +324,37 @@ def test_hybrid_pair_constrained_spec_equals_ar() -> None:
         content_of(hybrid, tokens), {t.name: t.parameters for t in tools}
     )
     assert any(isinstance(p, CallClosed) and p.ok for p in pieces)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_generation_stats_carry_the_constraint_figures(engine: Any, temperature: float) -> None:
+    """`DFlashEngine.generate` reports the chooser's constraint figures in GenerationStats: AR
+    masks one row per token and drafts nothing; spec checks drafts and forces the call's
+    fixed stretches; an unconstrained request reports None."""
+    from toolflash.engine.api import FinishEvent, SamplingParams
+
+    prompt = engine.encode_chat(
+        [{"role": "user", "content": "What's the weather in Oslo?"}],
+        [_openai_tool(WEATHER)],
+        {"enable_thinking": False},
+    )
+    sampling = SamplingParams(temperature=temperature, seed=7)
+    constraint = OutputConstraint("tool_calls", tools=(WEATHER,), parallel_calls=False)
+    stats = {}
+    for mode in ("ar", "spec"):
+        req = GenerationRequest(
+            tuple(prompt), 80, mode=mode, sampling=sampling, constraint=constraint
+        )
+        finish = [e for e in engine.generate(req) if isinstance(e, FinishEvent)][0]
+        stats[mode] = finish.stats
+    ar = stats["ar"].constraint
+    assert ar is not None and ar.drafted == 0 and ar.forced_runs == 0
+    assert ar.mask_rows == 1 + len(stats["ar"].cycles) and ar.mask_s > 0
+    spec = stats["spec"].constraint
+    assert spec is not None and spec.forced_runs >= 1
+    assert spec.forced_tokens >= len(engine.encode('<tool_call>\n{"name": "get_weather"'))
+    assert 0 <= spec.grammar_rejected <= spec.drafted
+    assert spec.drafted + spec.forced_tokens <= stats["spec"].drafted
+    free = GenerationRequest(tuple(prompt), 8, sampling=sampling)
+    finish = [e for e in engine.generate(free) if isinstance(e, FinishEvent)][0]
+    assert finish.stats.constraint is None

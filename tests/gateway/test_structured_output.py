@@ -7,8 +7,10 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import jsonschema
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.conftest import Served, serve
 from tests.gateway.fake_engine import FakeEngine
@@ -90,8 +92,61 @@ def test_json_schema_answer_validates_stream_and_not(tiny: Served) -> None:
     tf = whole.model_extra["toolflash"]  # type: ignore[index]
     assert tf["structured_output"] == {"valid": True, "error": None}
     assert tf["request_class"].startswith("json.")
+    _check_constraint(tf)
     chunks = list(c.chat.completions.create(**kw, stream=True))
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == content
+    streamed = chunks[-1].model_extra["toolflash"]  # type: ignore[index]
+    _check_constraint(streamed)
+    # Greedy: the same tokens, so the same grammar work up to the drafts the policy ran.
+    assert streamed["constraint"]["forced_tokens"] + streamed["constraint"]["mask_rows"] > 0
+
+
+def _check_constraint(tf: dict[str, Any]) -> None:
+    """The `toolflash.constraint` figures of a constrained response are present and coherent."""
+    c = tf["constraint"]
+    assert c is not None
+    assert c["mask_rows"] >= 1 and c["mask_s"] > 0
+    assert 0 <= c["grammar_rejected"] <= c["drafted_checked"]
+    assert c["grammar_cuts"] <= c["drafted_checked"]
+    assert c["forced_tokens"] >= c["forced_runs"] >= 0
+    if tf["spec_cycles"] == 0:  # AR only: nothing drafted, one mask row per step at most
+        assert c["drafted_checked"] == 0
+
+
+def test_constraint_figures_reach_metrics(tiny: Served) -> None:
+    c = tiny.client()
+    r = c.chat.completions.create(
+        model=_model(tiny),
+        messages=[{"role": "user", "content": "What's the weather in Oslo?"}],
+        tools=[SEARCH, WEATHER],
+        tool_choice="required",
+        max_tokens=120,
+        extra_body=NO_THINK,
+    )
+    tf = r.model_extra["toolflash"]  # type: ignore[index]
+    _check_constraint(tf)
+    assert tf["constraint"]["forced_runs"] >= 1  # `<tool_call>` and `{"name": "` are forced
+    plain = c.chat.completions.create(
+        model=_model(tiny), messages=[{"role": "user", "content": "hi"}], max_tokens=8
+    )
+    assert plain.model_extra["toolflash"]["constraint"] is None  # type: ignore[index]
+    text = httpx.get(f"{tiny.url}/metrics").text
+    want = {"model": _model(tiny), "request_class": tf["request_class"], "mode": tf["mode"]}
+    values: dict[str, float] = {}
+    classes: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("toolflash:constraint_"):
+                classes.add(sample.labels["request_class"])
+                if sample.labels == want:
+                    values[sample.name] = sample.value
+    c = tf["constraint"]
+    assert values["toolflash:constraint_forced_runs_total"] >= c["forced_runs"]
+    assert values["toolflash:constraint_forced_tokens_total"] >= c["forced_tokens"]
+    assert values["toolflash:constraint_mask_rows_total"] >= c["mask_rows"]
+    for name in ("mask_seconds", "drafted_tokens", "rejected_tokens", "cuts"):
+        assert f"toolflash:constraint_{name}_total" in values
+    assert not any(k.startswith("chat.") for k in classes)  # unconstrained: no series
 
 
 def test_json_object_with_thinking_left_on(tiny: Served) -> None:
