@@ -157,6 +157,7 @@ def chat_preparer(
         max_tokens, clamped = token_budget(
             len(tokens), requested, engine.context_length, config.default_max_tokens
         )
+        sampling = resolve_sampling(req, engine.generation_defaults, engine.vocab_size)
         request_class = classify(
             tools_offered=tools is not None,
             tool_choice=tool_choice,
@@ -167,8 +168,8 @@ def chat_preparer(
             strict_tools=bound is not None
             and bound.kind == "tool_calls"
             and not bound.require_call,
+            sampled=not sampling.params.greedy,  # after the model's defaults
         )
-        sampling = resolve_sampling(req, engine.generation_defaults, engine.vocab_size)
         request = GenerationRequest(
             prompt_tokens=tuple(tokens),
             max_tokens=max_tokens,

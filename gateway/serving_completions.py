@@ -87,6 +87,7 @@ def completion_preparer(
             enable_thinking=None,
             last_role=None,
             prompt_tokens=len(tokens),
+            sampled=not sampling.params.greedy,  # after the model's defaults
         )
         return Prepared(
             request,

@@ -22,6 +22,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .request_class import label_scheme
+
 ModeChoice = Literal["adaptive", "spec", "ar"]
 SpanKey = Literal["text", "reasoning", "tool_call", "json", "*"]
 DEFAULT_FILE = "default.yaml"
@@ -187,6 +189,8 @@ class EffectivePolicy:
         doc = self.data.model_dump(mode="json", exclude_none=True)
         doc["models"] = [self.model_id]
         header = "".join(f"# from {s}\n" for s in self.sources)
+        # `classes` keys are globs over request-class labels: say what the labels look like.
+        header += f"# request-class labels: {label_scheme()}\n"
         return header + yaml.safe_dump(doc, sort_keys=False)
 
 

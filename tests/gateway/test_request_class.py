@@ -42,6 +42,22 @@ TABLE = [
     ({"prompt_tokens": 1024}, "chat.think-default.user.lt4k"),
     ({"prompt_tokens": 7400, "tools_offered": True}, "tools.think-default.user.lt16k"),
     ({"prompt_tokens": 16384}, "chat.think-default.user.ge16k"),
+    # Sampled (temperature > 0 after model defaults): its own class, marked after the kind.
+    ({"sampled": True}, "chat.sampled.think-default.user.lt1k"),
+    (
+        {"sampled": True, "tools_offered": True, "enable_thinking": False, "last_role": "tool"},
+        "tools.sampled.think-off.tool-result.lt1k",
+    ),
+    ({"sampled": True, "response_format": "json_schema"}, "json.sampled.think-default.user.lt1k"),
+    (
+        {"sampled": True, "tools_offered": True, "tool_choice": "named"},
+        "tool-forced.sampled.think-default.user.lt1k",
+    ),
+    (
+        {"sampled": True, "tools_offered": True, "strict_tools": True, "prompt_tokens": 5000},
+        "tools-strict.sampled.think-default.user.lt16k",
+    ),
+    ({"sampled": False}, "chat.think-default.user.lt1k"),
 ]
 
 
@@ -50,6 +66,12 @@ def test_classify_table(overrides: dict, label: str) -> None:
     rc = classify(**{**BASE, **overrides})
     assert isinstance(rc, RequestClass)
     assert rc.label == label
+
+
+def test_sampled_and_greedy_differ() -> None:
+    greedy, sampled = classify(**BASE), classify(**BASE, sampled=True)
+    assert greedy != sampled and greedy.label != sampled.label
+    assert not greedy.sampled and sampled.sampled
 
 
 def test_frozen_and_hashable() -> None:

@@ -49,6 +49,22 @@ def test_model_defaults_fill_what_the_request_leaves_out(qwen_like: Served) -> N
     assert qwen_like.engine.last_request.sampling.greedy
 
 
+def test_sampled_requests_are_their_own_class(qwen_like: Served, served: Served) -> None:
+    """The class follows the effective sampling: a model default temperature makes a request
+    sampled, temperature 0 makes it greedy; completions are classified the same way."""
+    assert chat(qwen_like)["toolflash"]["request_class"] == "chat.sampled.think-default.user.lt1k"
+    greedy = chat(qwen_like, temperature=0)["toolflash"]["request_class"]
+    assert greedy == "chat.think-default.user.lt1k"
+    assert chat(served)["toolflash"]["request_class"] == "chat.think-default.user.lt1k"
+    sampled = chat(served, temperature=0.7)["toolflash"]["request_class"]
+    assert sampled == "chat.sampled.think-default.user.lt1k"
+    r = httpx.post(f"{qwen_like.v1}/completions", json={"prompt": "hi", "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    assert r.json()["toolflash"]["request_class"] == "chat.sampled.think-default.user.lt1k"
+    text = httpx.get(f"{qwen_like.url}/metrics").text
+    assert 'request_class="chat.sampled.think-default.user.lt1k"' in text
+
+
 def test_out_of_vocab_logit_bias_is_a_400_naming_the_field(served: Served) -> None:
     r = httpx.post(
         f"{served.v1}/chat/completions",

@@ -61,6 +61,9 @@ classes:
     assert p.rule("tools.think-on.user.lt1k", "tool_call").mode == "adaptive"  # most specific
     assert config.for_model("other").rule("chat.x", "tool_call").mode == "adaptive"
     assert "state_dir" in p.to_yaml() and "Qwen/Qwen3-4B" in p.to_yaml()
+    assert "# request-class labels: {chat|tools|tools-strict|tool-forced|json}[.sampled]" in (
+        p.to_yaml()
+    )
 
 
 def test_model_patterns_match_ids_and_paths() -> None:
