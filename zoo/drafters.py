@@ -1,19 +1,18 @@
-"""The family's last stages: prompt files from the corpus, one DFlash drafter per target
-(trained by `toolflash.training` on the target's own greedy continuations), and the held-out
-benchmark prompts shipped beside the models."""
+"""The family's last stages: prompt files (the distillation pool of `prompt_pool.py`), one
+DFlash drafter per target (trained by `toolflash.training` on the target's own greedy
+continuations), and the held-out benchmark prompts shipped beside the models."""
 
 from __future__ import annotations
 
 import json
-import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from toolflash.zoo.corpus import eval_prompts, training_prompts
+from toolflash.zoo.corpus import eval_prompts
 from toolflash.zoo.records import Prompt, PromptKind, Record
 
 log = structlog.get_logger(__name__)
@@ -34,6 +33,7 @@ def prompt_json(prompt: Prompt) -> dict[str, Any]:
 
 
 def write_prompts(prompts: Iterable[Prompt], path: Path) -> int:
+    """Write prompts as chat request lines; returns how many."""
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     with path.open("w", encoding="utf-8") as f:
@@ -41,22 +41,6 @@ def write_prompts(prompts: Iterable[Prompt], path: Path) -> int:
             f.write(json.dumps(prompt_json(p), ensure_ascii=False) + "\n")
             n += 1
     return n
-
-
-def distillation_prompts(records: Sequence[Record], count: int, seed: int) -> list[Prompt]:
-    """A seeded sample of held-in conversation prefixes, balanced over prompt kinds."""
-    rng = random.Random(seed)
-    by_kind: dict[str, list[Prompt]] = {}
-    for p in training_prompts(records):
-        by_kind.setdefault(p.kind, []).append(p)
-    per_kind = max(1, count // max(1, len(by_kind)))
-    out: list[Prompt] = []
-    for kind in sorted(by_kind):
-        items = by_kind[kind]
-        rng.shuffle(items)
-        out.extend(items[:per_kind])
-    rng.shuffle(out)
-    return out
 
 
 def held_out_prompts(per_kind: int, seed: int = 0) -> list[Prompt]:
@@ -77,6 +61,7 @@ def train_family_drafter(
     max_new_tokens: int = 192,
     seed: int = 0,
     progress: bool = True,
+    distill_batch: int = 64,
 ) -> dict[str, Any]:
     """Train and evaluate one drafter (real draft-verify loop); returns its report."""
     from toolflash.engine.factory import load_target
@@ -93,6 +78,7 @@ def train_family_drafter(
         layers=layers,
         block_size=block_size,
         max_new_tokens=max_new_tokens,
+        distill_batch=distill_batch,
         train=TrainConfig(steps=steps, epochs=epochs, seed=seed),
     )
     result = train_draft(

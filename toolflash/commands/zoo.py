@@ -2,6 +2,8 @@
 
 Usage:
     toolflash zoo build --out DIR [--seed S] [--corpus-size BYTES] [--steps N | --steps-qwen3 N ...] [--quick]
+        [--drafters [--draft-prompts N] [--draft-steps N] [--distill-batch N]]
+    toolflash zoo prompts --out FILE [--count N] [--seed S] [--tokenizer DIR] [--corpus FILE]
     toolflash zoo sample --model DIR (--prompt TEXT | --kind code) [--max-tokens N] [--no-thinking]
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -37,11 +40,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument(
         "--drafters",
         action="store_true",
-        help="also train one DFlash drafter per target (distillation prompts from the corpus, "
-        "evaluated with the real loop on held-out prompts)",
+        help="also train one DFlash drafter per target (distillation prompts from the zoo's "
+        "generators, see `zoo prompts`; evaluated with the real loop on held-out prompts)",
     )
-    build.add_argument("--draft-prompts", type=int, default=300, help="distillation prompts")
+    build.add_argument(
+        "--draft-prompts", type=int, default=2000, help="distillation prompts (pool size)"
+    )
     build.add_argument("--draft-steps", type=int, default=900, help="drafter training steps")
+    build.add_argument(
+        "--distill-batch",
+        type=int,
+        default=64,
+        help="prompts decoded together during distillation (1 = one at a time)",
+    )
+
+    prompts = sub.add_parser(
+        "prompts",
+        help="write a distillation prompt pool (chat request JSONL for `train-draft --data`)",
+        description="Distinct prompts from the zoo's generators, balanced over free text, "
+        "code, tool calls and JSON: stdlib code/doc chats from training files only, agent "
+        "dialogues and JSON tasks from streams apart from the evaluation stream, never a "
+        "held-out evaluation prompt.",
+    )
+    prompts.add_argument("--out", type=Path, required=True, help="output .jsonl file")
+    prompts.add_argument("--count", type=int, default=10_000, help="prompts to write")
+    prompts.add_argument("--seed", type=int, default=0)
+    prompts.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="a model directory whose chat template measures prompt length "
+        "(default: the embedded tiny target)",
+    )
+    prompts.add_argument("--max-prompt-tokens", type=int, default=1536, help="drop longer prompts")
+    prompts.add_argument(
+        "--corpus", type=Path, help="also draw the corpus.jsonl conversations of a zoo build"
+    )
 
     sample = sub.add_parser("sample", help="greedy samples through the chat template")
     sample.add_argument("--model", type=Path, required=True, help="a target directory")
@@ -67,7 +100,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.zoo_command == "build":
         return _build(args)
+    if args.zoo_command == "prompts":
+        return _prompts(args)
     return _sample(args)
+
+
+def _prompts(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from transformers import AutoTokenizer
+
+    from toolflash.engine.factory import EMBEDDED_TARGET, assets_dir
+    from toolflash.zoo.drafters import records_from_jsonl, write_prompts
+    from toolflash.zoo.prompt_pool import distillation_pool
+
+    if args.count < 1:
+        print("zoo prompts: --count must be >= 1", file=sys.stderr)
+        return 2
+    tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer or assets_dir() / EMBEDDED_TARGET))
+    records = records_from_jsonl(args.corpus) if args.corpus else []
+    pool = distillation_pool(
+        args.count,
+        args.seed,
+        records=records,
+        tokenizer=tokenizer,
+        max_tokens=args.max_prompt_tokens,
+    )
+    write_prompts(pool, args.out)
+    kinds = dict(sorted(Counter(p.kind for p in pool).items()))
+    print(json.dumps({"out": str(args.out), "prompts": len(pool), "by_kind": kinds}))
+    return 0
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -105,18 +167,22 @@ def _build(args: argparse.Namespace) -> int:
 
 def _drafters(args: argparse.Namespace, build: Any) -> dict[str, Any]:
     """Prompt files, then one drafter per target: DIR/<target>-dflash."""
+    from transformers import AutoTokenizer
+
     from toolflash.zoo.drafters import (
-        distillation_prompts,
         held_out_prompts,
         records_from_jsonl,
         train_family_drafter,
         write_prompts,
     )
+    from toolflash.zoo.prompt_pool import distillation_pool
 
     records = records_from_jsonl(args.out / "corpus.jsonl")
+    tokenizer = AutoTokenizer.from_pretrained(str(build.tokenizer_dir))
     train_file = args.out / "prompts_train.jsonl"
     eval_file = args.out / "prompts_eval.jsonl"
-    write_prompts(distillation_prompts(records, args.draft_prompts, args.seed), train_file)
+    pool = distillation_pool(args.draft_prompts, args.seed, records=records, tokenizer=tokenizer)
+    write_prompts(pool, train_file)
     write_prompts(held_out_prompts(6, args.seed), eval_file)
     out: dict[str, Any] = {}
     for family, target_dir in build.target_dirs.items():
@@ -129,6 +195,7 @@ def _drafters(args: argparse.Namespace, build: Any) -> dict[str, Any]:
             steps=args.draft_steps,
             max_new_tokens=128,
             seed=args.seed,
+            distill_batch=args.distill_batch,
         )
         evaluation = report.get("evaluation") or {}
         out[family] = {
