@@ -71,6 +71,7 @@ def test_train_draft_command(target_dir: Path, tmp_path: Path) -> None:
     assert cfg["block_size"] == 8 and cfg["architectures"] == ["DFlashDraftModel"]
     report = json.loads((out / "training_report.json").read_text())
     assert report["data"]["prompts"] == 14  # 18 prompts, 4 held out
+    assert report["data"]["distill_batch"] == 64  # batched distillation by default
     assert report["training"]["steps"] == 12
     assert report["evaluation"]["lossless"] is True
     assert set(report["evaluation"]["kinds"]) == {"chat", "text"}
@@ -92,3 +93,9 @@ def test_train_draft_reports_bad_data(
     ]
     assert _run(argv) == 2
     assert "no training data" in capsys.readouterr().err
+
+
+def test_distill_batch_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _run(["--target", "t", "--data", "d", "--out", "o", "--distill-batch", "0"])
+    assert "must be >= 1" in capsys.readouterr().err

@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from toolflash.commands.train_draft import positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--draft-steps", type=int, default=900, help="drafter training steps")
     build.add_argument(
         "--distill-batch",
-        type=int,
+        type=positive_int,
         default=64,
         help="prompts decoded together during distillation (1 = one at a time)",
     )
@@ -63,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "held-out evaluation prompt.",
     )
     prompts.add_argument("--out", type=Path, required=True, help="output .jsonl file")
-    prompts.add_argument("--count", type=int, default=10_000, help="prompts to write")
+    prompts.add_argument("--count", type=positive_int, default=10_000, help="prompts to write")
     prompts.add_argument("--seed", type=int, default=0)
     prompts.add_argument(
         "--tokenizer",
@@ -114,9 +115,6 @@ def _prompts(args: argparse.Namespace) -> int:
     from toolflash.zoo.drafters import records_from_jsonl, write_prompts
     from toolflash.zoo.prompt_pool import distillation_pool
 
-    if args.count < 1:
-        print("zoo prompts: --count must be >= 1", file=sys.stderr)
-        return 2
     tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer or assets_dir() / EMBEDDED_TARGET))
     records = records_from_jsonl(args.corpus) if args.corpus else []
     pool = distillation_pool(
