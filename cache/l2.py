@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -52,6 +53,18 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _lower_thread_priority() -> None:
+    """Run the calling thread at the lowest CPU priority where the OS allows it per thread
+    (Linux): on a machine with few cores the disk writer's serialisation and checksums then
+    yield to prefill and decode instead of stretching the next request's TTFT."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except OSError as exc:  # containers may forbid it; writes still happen, just not niced
+        log.debug("l2_writer_priority_unchanged", error=str(exc))
 
 
 class DiskCache:
@@ -205,6 +218,7 @@ class DiskCache:
         self._writer.join(timeout=5)
 
     def _write_loop(self) -> None:
+        _lower_thread_priority()
         while True:
             item = self._queue.get()
             try:
