@@ -8,6 +8,8 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
+from toolflash.kernels.attention import Attention, attention, fast_attention_enabled
+
 
 @dataclass
 class ForwardResult:
@@ -78,6 +80,9 @@ class DecoderStack:
         self.num_layers = len(self.layers)
         self.vocab_size = int(self.inner.embed_tokens.weight.shape[0])
         self.tied = bool(args.tie_word_embeddings)
+        # The attention kernel for attention layers: toolflash's on the CPU (a fast
+        # softmax), None = MLX's fused kernel through the layer's own forward.
+        self.attention_kernel: Attention | None = attention if fast_attention_enabled() else None
 
     def embed(self, tokens: mx.array) -> mx.array:
         return self.inner.embed_tokens(tokens)

@@ -37,9 +37,10 @@ class Qwen3Target(DecoderStack):
         mask = create_attention_mask(h, cache[0])
         captured = []
         for i, (layer, c) in enumerate(zip(self.layers, cache)):
-            if position_shift:
+            if position_shift or self.attention_kernel is not None:
                 x = layer.input_layernorm(h)
-                h = h + qwen3_attention_at(layer.self_attn, x, mask, c, position_shift)
+                attn = layer.self_attn
+                h = h + qwen3_attention_at(attn, x, mask, c, position_shift, self.attention_kernel)
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
             else:
                 h = layer(h, mask, c)

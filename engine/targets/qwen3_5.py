@@ -104,8 +104,9 @@ class Qwen35Target(DecoderStack):
                 r, layer_tape = gated_delta_forward(layer.linear_attn, x, c, keep_tape)
                 if layer_tape is not None:
                     tape[i] = layer_tape
-            elif position_shift:
-                r = qwen3_next_attention_at(layer.self_attn, x, mask, c, position_shift)
+            elif position_shift or self.attention_kernel is not None:
+                attn = layer.self_attn
+                r = qwen3_next_attention_at(attn, x, mask, c, position_shift, self.attention_kernel)
             else:
                 r = layer.self_attn(x, mask, c)
             h = h + r
