@@ -21,6 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
 
+from toolflash.kernels.attention import attention, fast_attention_enabled
+
 
 class DraftConfigError(ValueError):
     """A drafter config.json that cannot describe a usable DFlash drafter."""
@@ -245,7 +247,12 @@ class DraftAttention(nn.Module):
         if ctx_k is not None and ctx_v is not None:
             k = mx.concatenate([ctx_k, k], axis=2)
             v = mx.concatenate([ctx_v, v], axis=2)
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        if mask is None and fast_attention_enabled():
+            # Inference on the CPU: toolflash's kernel (fast softmax). Training passes a mask
+            # and keeps MLX's kernel (and its gradients).
+            out = attention(q, k, v, self.scale)
+        else:
+            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, s, -1))
 
 
