@@ -17,13 +17,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import structlog
+import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
-
-log = structlog.get_logger(__name__)
 
 # Called once per finished prompt with (its index in `prompts`, its output).
 OnDone = Callable[[int, list[int]], None]
+
+
+def default_prefill_group() -> int:
+    """Prompts prefilled together. A group is right-padded to its longest prompt. On a CPU a
+    prompt's prefill is already matrix-shaped and compute-bound, so grouping only adds padding:
+    on this 2-core CPU (qwen3-tiny, 64 pool prompts of 23-1429 tokens, 64 new tokens each,
+    decode batch 16) groups of 1 took 14.5 s and groups of 8 24.1 s. On a GPU, 64 is what the
+    H200 run that distilled 10k prompts in 74 s used."""
+    return 1 if mx.default_device() == mx.cpu else 64
 
 
 def batched_continuations(
@@ -33,11 +40,13 @@ def batched_continuations(
     stop_ids: Iterable[int],
     batch_size: int = 64,
     on_done: OnDone | None = None,
+    prefill_group: int | None = None,
 ) -> list[list[int]]:
     """Greedy continuations of `prompts` (an mlx-lm model, not an adapter), in input order.
 
     Each output stops at the first stop id (kept) or after `max_new_tokens` tokens. At most
-    `batch_size` sequences decode together; prompts are prefilled in groups of that size."""
+    `batch_size` sequences decode together; prompts are prefilled `prefill_group` at a time
+    (default `default_prefill_group()`, at most `batch_size`)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if batch_size < 1:
@@ -54,7 +63,7 @@ def batched_continuations(
         model,
         stop_tokens=[[t] for t in stops],
         completion_batch_size=batch_size,
-        prefill_batch_size=batch_size,
+        prefill_batch_size=max(1, min(prefill_group or default_prefill_group(), batch_size)),
     )
     try:
         uids = gen.insert([list(prompts[i]) for i in order], [max_new_tokens] * len(order))

@@ -45,8 +45,9 @@ def case(request: pytest.FixtureRequest) -> Case:
     return target, prompts, stops, [generate(target, p, MAX_NEW, stops).output for p in prompts]
 
 
-@pytest.mark.parametrize("batch_size", [3, 64])
-def test_batched_equals_per_prompt(case: Case, batch_size: int) -> None:
+# (decode batch, prefill group): slots refilled as sequences finish; padded prefill groups.
+@pytest.mark.parametrize(("batch_size", "prefill_group"), [(3, 1), (4, 4), (64, 8)])
+def test_batched_equals_per_prompt(case: Case, batch_size: int, prefill_group: int) -> None:
     target, prompts, stops, reference = case
     finished: list[int] = []
     batched = batched_continuations(
@@ -56,6 +57,7 @@ def test_batched_equals_per_prompt(case: Case, batch_size: int) -> None:
         stops,
         batch_size,
         on_done=lambda i, out: finished.append(i),
+        prefill_group=prefill_group,
     )
     assert batched == reference
     assert sorted(finished) == list(range(len(prompts)))
