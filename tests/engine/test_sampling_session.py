@@ -5,7 +5,6 @@ with penalties and bias stays token-identical to AR."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,10 +25,9 @@ from .stats import ALPHA, chi_square, detectable_shift
 V = 16
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 BLOCK = 4
-# Samples per setting (~2 ms each). The default catches a ~4% shift of the next token's mass
-# with 90% power; TOOLFLASH_FULL_POWER=1 draws enough to catch a 2% shift (~1 min).
-FULL_POWER = bool(os.environ.get("TOOLFLASH_FULL_POWER"))
-N = 10_000 if FULL_POWER else 2000
+# Samples per setting (~2 ms each): enough to catch a 2% shift of the next token's mass with
+# 90% power (checked below), as the issue asks.
+N = 10_000
 
 SETTINGS: list[dict[str, Any]] = [
     {"temperature": 1.0},
@@ -129,7 +127,7 @@ def test_speculative_sampling_matches_target_distribution(pair: Any, kw: dict[st
     p_first, _ = chi_square(first, p1)
     p_two, _ = chi_square(two, joint)
     assert p_first > ALPHA and p_two > ALPHA, (p_first, p_two)
-    assert detectable_shift(p1, N) <= (0.02 if FULL_POWER else 0.05)
+    assert detectable_shift(p1, N) <= 0.02
 
 
 def test_ar_sampling_matches_target_distribution(pair: Any) -> None:
