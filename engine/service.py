@@ -267,7 +267,12 @@ def tool_call_format_of(template: str) -> str:
 
 class _TextTracker:
     """Turns committed tokens into text deltas; EOS tokens never become text, and text from a
-    stop string on is never shown."""
+    stop string on is never shown.
+
+    Decoding is incremental (as vLLM's detokenizer does): each step decodes only a window from
+    the previous step's boundary, and the text before it is kept, so a long generation does not
+    re-decode all its tokens at every step. The window's first tokens are context, so tokenizers
+    that drop a leading space at the start of a decode still produce the right difference."""
 
     def __init__(self, engine: DFlashEngine, stop_strings: Sequence[str], eos: frozenset[int]):
         self.engine = engine
@@ -276,13 +281,30 @@ class _TextTracker:
         self.tokens: list[int] = []
         self.sent = 0
         self.stopped = False
+        self._stable = ""  # text of tokens[:_read]
+        self._prefix = 0  # window start: context for decoding tokens[_read:]
+        self._read = 0
+
+    def _text(self) -> str:
+        """The text of all tokens so far (a trailing incomplete character stays U+FFFD)."""
+        before = self.engine.decode(self.tokens[self._prefix : self._read])
+        window = self.engine.decode(self.tokens[self._prefix :])
+        new = window[len(before) :]
+        if not window.startswith(before) or window.endswith("\ufffd"):
+            # Mid-character (or a tokenizer that rewrote the context): keep the window open.
+            return self._stable + new if window.startswith(before) else self._full()
+        self._stable += new
+        self._prefix, self._read = self._read, len(self.tokens)
+        return self._stable
+
+    def _full(self) -> str:
+        return self.engine.decode(self.tokens)
 
     def push(self, tokens: Sequence[int]) -> str:
         if self.stopped:
             return ""
         self.tokens.extend(t for t in tokens if t not in self.eos)
-        full = self.engine.decode(self.tokens)
-        delta, self.stopped = visible_text(full, self.sent, self.stop_strings)
+        delta, self.stopped = visible_text(self._text(), self.sent, self.stop_strings)
         self.sent += len(delta)
         return delta
 
@@ -290,6 +312,6 @@ class _TextTracker:
         """Text held back as a possible stop-string prefix, released at the end."""
         if self.stopped:
             return ""
-        rest = self.engine.decode(self.tokens)[self.sent :]
+        rest = self._full()[self.sent :]
         self.sent += len(rest)
         return rest
