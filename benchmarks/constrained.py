@@ -177,11 +177,13 @@ def decode(
     mode: Mode,
     block: int,
     fast_forward: bool = True,
+    guided: bool = True,
 ) -> Run:
     """One generation through a session, as `DFlashEngine.generate` runs it (no policy)."""
     procs = list(constraint_processors(request, engine.tokenizer, fast_forward=fast_forward))
+    chooser = GreedyChooser(procs, guided=guided)
     session = GenerationSession(
-        engine.target, engine.drafter, window=engine.options.window, chooser=GreedyChooser(procs)
+        engine.target, engine.drafter, window=engine.options.window, chooser=chooser
     )
     stops = StopMatcher(engine.eos_ids, (), request.max_tokens, engine.decode)
     out = [session.prefill(list(request.prompt_tokens))]
@@ -201,17 +203,18 @@ def decode(
     return run
 
 
-def variants(blocks: Sequence[int]) -> list[tuple[str, bool, Mode, int, bool]]:
-    """(name, constrained, mode, block, fast_forward)."""
-    out: list[tuple[str, bool, Mode, int, bool]] = [
-        ("free_ar", False, "ar", 1, False),
-        ("constrained_ar", True, "ar", 1, False),
+def variants(blocks: Sequence[int]) -> list[tuple[str, bool, Mode, int, bool, bool]]:
+    """(name, constrained, mode, block, fast_forward, grammar-guided draft)."""
+    out: list[tuple[str, bool, Mode, int, bool, bool]] = [
+        ("free_ar", False, "ar", 1, False, False),
+        ("constrained_ar", True, "ar", 1, False, False),
     ]
     for b in blocks:
         out += [
-            (f"free_spec_b{b}", False, "spec", b, False),
-            (f"constrained_spec_b{b}", True, "spec", b, True),
-            (f"constrained_spec_b{b}_no_ff", True, "spec", b, False),
+            (f"free_spec_b{b}", False, "spec", b, False, False),
+            (f"constrained_spec_b{b}", True, "spec", b, True, True),
+            (f"constrained_spec_b{b}_unguided", True, "spec", b, True, False),
+            (f"constrained_spec_b{b}_no_ff", True, "spec", b, False, True),
         ]
     return out
 
@@ -232,11 +235,11 @@ def run_case(
         order = variants(blocks)
         if rep % 2:
             order.reverse()
-        for name, constrained, mode, block, ff in order:
+        for name, constrained, mode, block, ff, guided in order:
             req = GenerationRequest(
                 prompt, max_tokens, constraint=case.constraint if constrained else None
             )
-            r = decode(engine, req, mode, block, ff)
+            r = decode(engine, req, mode, block, ff, guided)
             a = acc.setdefault(name, {"tokens": 0, "decode_s": [], "drafted": 0, "accepted": 0})
             a["tokens"] = len(r.tokens) - 1  # the prefill's token is not decode work
             a["decode_s"].append(r.decode_s)

@@ -128,8 +128,9 @@ class GreedyChooser:
     """Greedy decoding: the target's (processed) argmax. With no processors, verification is
     a single host sync per cycle, as in the unconstrained engine."""
 
-    def __init__(self, processors: Sequence[LogitsProcessor] = ()):
+    def __init__(self, processors: Sequence[LogitsProcessor] = (), guided: bool = True):
         self.processors = list(processors)
+        self.guided = guided  # let a grammar processor steer the draft (see `draft`)
 
     def choose(self, logits: mx.array) -> int:
         if self.processors:
@@ -137,6 +138,13 @@ class GreedyChooser:
         return host_int(mx.argmax(logits))
 
     def draft(self, drafter_logits: mx.array) -> Proposal:
+        for p in self.processors:
+            guide = getattr(p, "guide", None)
+            if guide is not None and self.guided:
+                # A grammar picks the drafter's best allowed token at each position.
+                tokens = guide(drafter_logits)
+                if tokens:
+                    return Proposal(mx.array(tokens))
         return Proposal(mx.argmax(drafter_logits, axis=-1))
 
     def forced(self, limit: int) -> Proposal | None:

@@ -115,6 +115,42 @@ class GrammarProcessor:
         self._forced = list(run)
         return list(run)
 
+    def guide(self, drafter_logits: mx.array) -> list[int]:
+        """A greedy draft that stays inside the grammar: at each block position the drafter's
+        best token the grammar allows after the tokens drafted before it (the matcher walks
+        the draft and is rolled back). The drafter's own argmax is tried first; a mask is only
+        computed where the grammar refuses it. Ends early where the grammar ends the output."""
+        t0 = time.perf_counter()
+        scores = np.array(drafter_logits.astype(mx.float32))
+        n, width = scores.shape
+        best = scores.argmax(axis=1)
+        bitmask = allocate_token_bitmask(1, self.mask_vocab)
+        m = self.matcher
+        out: list[int] = []
+        masks = consumed = 0
+        for i in range(n):
+            if m.is_stopped():
+                break
+            tok = int(best[i])
+            if tok in self.eos_ids or m.try_consume_tokens([tok]) != 1:
+                fill_next_token_bitmask(m, bitmask, 0)
+                masks += 1
+                bits = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")[:width]
+                if not bits.any():
+                    break
+                row = np.full(width, -np.inf, dtype=np.float32)
+                row[: bits.shape[0]] = np.where(bits.astype(bool), scores[i, : bits.shape[0]], -np.inf)
+                tok = int(np.argmax(row))
+                if tok in self.eos_ids or m.try_consume_tokens([tok]) != 1:
+                    out.append(tok)  # an allowed EOS ends the draft (not consumed)
+                    break
+            out.append(tok)
+            consumed += 1
+        if consumed:
+            m.rollback(consumed)
+        self._stats += ConstraintStats(mask_rows=masks, mask_s=time.perf_counter() - t0)
+        return out
+
     def stats(self) -> ConstraintStats:
         """What this processor did so far (masks, draft checks, forced runs)."""
         return self._stats
