@@ -129,7 +129,8 @@ SCHEMA = {
         "dependencies": {"type": "array", "items": {"type": "string"}},
         "license": {"type": "string"},
     },
-    "required": ["name", "version", "dependencies"],
+    "required": ["name", "version", "dependencies", "license"],
+    "additionalProperties": False,
 }
 
 
@@ -264,17 +265,7 @@ SESSIONS: list[Session] = [
         ],
         tools=False,
         response_format="json_schema",
-        schema={
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "version": {"type": "string"},
-                "dependencies": {"type": "array", "items": {"type": "string"}},
-                "license": {"type": "string"},
-            },
-            "required": ["name", "version", "dependencies", "license"],
-            "additionalProperties": False,
-        },
+        schema=SCHEMA,
     ),
     Session(
         "write-code",

@@ -95,9 +95,11 @@ class TokenChooser(Protocol):
         ...
 
 
-def _apply(
+def apply_processors(
     processors: Sequence[LogitsProcessor], logits: mx.array, draft: Sequence[int]
 ) -> tuple[mx.array, int]:
+    """Run every processor over `logits` rows; the allowed draft prefix is the shortest any
+    of them reports."""
     allowed = len(draft)
     for p in processors:
         logits, ok = p.process(logits, draft)
@@ -105,13 +107,13 @@ def _apply(
     return logits, allowed
 
 
-def forced_from(processors: Sequence[LogitsProcessor], limit: int) -> list[int]:
-    """The first non-empty forced run any processor reports."""
+def forced_proposal(processors: Sequence[LogitsProcessor], limit: int) -> Proposal | None:
+    """A one-hot proposal of the first non-empty forced run any processor reports, or None."""
     for p in processors:
         run = p.forced(limit)
         if run:
-            return run[:limit]
-    return []
+            return Proposal(mx.array(run[:limit]), forced=True)
+    return None
 
 
 def constraint_stats(processors: Sequence[LogitsProcessor]) -> ConstraintStats | None:
@@ -134,7 +136,7 @@ class GreedyChooser:
 
     def choose(self, logits: mx.array) -> int:
         if self.processors:
-            logits = _apply(self.processors, logits[None], ())[0][0]
+            logits = apply_processors(self.processors, logits[None], ())[0][0]
         return host_int(mx.argmax(logits))
 
     def draft(self, drafter_logits: mx.array) -> Proposal:
@@ -148,14 +150,13 @@ class GreedyChooser:
         return Proposal(mx.argmax(drafter_logits, axis=-1))
 
     def forced(self, limit: int) -> Proposal | None:
-        run = forced_from(self.processors, limit)
-        return Proposal(mx.array(run), forced=True) if run else None
+        return forced_proposal(self.processors, limit)
 
     def verify(self, proposal: Proposal, target_logits: mx.array) -> Verdict:
         draft = proposal.tokens
         allowed = int(draft.shape[0])
         if self.processors:
-            target_logits, allowed = _apply(self.processors, target_logits, host_ints(draft))
+            target_logits, allowed = apply_processors(self.processors, target_logits, host_ints(draft))
         choice = mx.argmax(target_logits, axis=-1)
         accepted_arr = greedy_acceptance(draft, choice)
         mx.eval(choice, accepted_arr)

@@ -20,9 +20,9 @@ from ..selection import (
     LogitsProcessor,
     Proposal,
     Verdict,
-    _apply,
+    apply_processors,
     constraint_stats,
-    forced_from,
+    forced_proposal,
 )
 from .rejection import rejection_verify
 from .rng import ACCEPT, CHOOSE, DRAFT, RESAMPLE, KeySchedule
@@ -61,13 +61,13 @@ class SamplingChooser:
         """The target's processed distribution p [n, V] and the processors' allowed prefix."""
         allowed = len(draft)
         if self.processors:
-            logits, allowed = _apply(self.processors, logits, draft)
+            logits, allowed = apply_processors(self.processors, logits, draft)
         return shape_probs(logits, self.shaping), allowed
 
     def choose(self, logits: mx.array) -> int:
         rows = logits[None]
         if self.processors:
-            rows = _apply(self.processors, rows, ())[0]
+            rows = apply_processors(self.processors, rows, ())[0]
         w = weights(shape_logits(rows, self.shaping))
         return host_int(sample(w, self.keys.key(CHOOSE, self.position))[0])
 
@@ -80,8 +80,7 @@ class SamplingChooser:
         return Proposal(tokens, probs=w / w.sum(axis=-1, keepdims=True))
 
     def forced(self, limit: int) -> Proposal | None:
-        run = forced_from(self.processors, limit)
-        return Proposal(mx.array(run), forced=True) if run else None
+        return forced_proposal(self.processors, limit)
 
     def verify(self, proposal: Proposal, target_logits: mx.array) -> Verdict:
         draft = proposal.tokens
