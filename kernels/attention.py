@@ -92,6 +92,7 @@ def _attention(
 # Score elements per query block (1 MB of float32): a block's scores stay in L2 through the softmax
 # (measured best of 2^16..2^21 on this 2-core x86 CPU; larger blocks are memory-bound).
 _BLOCK_ELEMENTS = 1 << 18
+_MIN_BLOCK_ROWS = 16
 # Below this many scores per head the fused kernel is as fast (measured on a 2-core x86 CPU).
 _SMALL = 256
 
@@ -105,7 +106,8 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any = N
     n_k = int(k.shape[2])
     if n_q * n_k < _SMALL:  # one query over a short context: the fused call's lower overhead wins
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-    rows = max(1, _BLOCK_ELEMENTS // max(1, b * n_heads * n_k))
+    # Never split a verify block: its few rows are faster in one piece than in cache-sized ones.
+    rows = max(_MIN_BLOCK_ROWS, _BLOCK_ELEMENTS // max(1, b * n_heads * n_k))
     if n_q <= rows:
         return _attention(q, k, v, scale, mask, exp_nonpositive)
     full = _scores_mask(mask, n_q, n_k)
