@@ -120,7 +120,12 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class CycleRecord:
-    """What one decode cycle did. An AR step is a cycle of block size 1 that drafted nothing."""
+    """What one decode cycle did. An AR step is a cycle of block size 1 that drafted nothing.
+
+    `forced`: how many of the `drafted` tokens an output constraint forced (the drafter did not
+    run; the grammar-fixed stretch was verified in one forward, so `block_size` is the run
+    length + 1, usually shorter than the block the caller asked for). 0 for drafted cycles and
+    AR steps (an AR step never takes forced runs)."""
 
     index: int
     mode: Mode
@@ -132,6 +137,7 @@ class CycleRecord:
     verify_s: float
     rollback_s: float
     context_len: int
+    forced: int = 0
 
     @property
     def total_s(self) -> float:

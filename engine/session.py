@@ -267,6 +267,7 @@ class GenerationSession:
             t2 - t1,
             t3 - t2,
             logprobs,
+            forced=drafted if proposal.forced else 0,
         )
 
     def _logprobs(self, logits: mx.array, tokens: list[int]) -> list[RawLogprob]:
@@ -286,6 +287,7 @@ class GenerationSession:
         verify_s: float,
         rollback_s: float,
         logprobs: list[RawLogprob],
+        forced: int = 0,
     ) -> StepResult:
         record = CycleRecord(
             index=self.cycles,
@@ -298,6 +300,7 @@ class GenerationSession:
             verify_s=verify_s,
             rollback_s=rollback_s,
             context_len=self.fed,
+            forced=forced,
         )
         self.cycles += 1
         return StepResult(committed, record, end is not None, logprobs)

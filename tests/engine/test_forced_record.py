@@ -1,0 +1,48 @@
+"""Cycle records say which cycles were grammar-forced runs (no drafter run, the stretch verified in
+one forward), so the adaptive policy can credit them apart from drafted cycles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from toolflash.engine.api import FinishEvent, GenerationRequest, Mode, OutputConstraint, ToolSpec
+from toolflash.engine.factory import build_engine
+
+TOOL = ToolSpec(
+    "read_file",
+    {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    return build_engine()
+
+
+def _stats(engine: Any, mode: Mode, constraint: OutputConstraint | None) -> Any:
+    prompt = engine.encode_chat(
+        [{"role": "user", "content": "Read src/utils.py for me."}],
+        [{"type": "function", "function": {"name": TOOL.name, "parameters": TOOL.parameters}}],
+        {"enable_thinking": False},
+    )
+    req = GenerationRequest(tuple(prompt), 60, mode=mode, constraint=constraint)
+    return [e for e in engine.generate(req) if isinstance(e, FinishEvent)][0].stats
+
+
+def test_forced_cycles_are_marked_and_match_the_constraint_figures(engine: Any) -> None:
+    constraint = OutputConstraint("tool_calls", tools=(TOOL,), parallel_calls=False)
+    spec = _stats(engine, "spec", constraint)
+    forced = [c for c in spec.cycles if c.forced]
+    assert spec.constraint is not None and spec.constraint.forced_runs >= 1
+    # One forced cycle per forced run, every proposal token of it forced.
+    assert len(forced) == spec.constraint.forced_runs
+    assert sum(c.forced for c in forced) == spec.constraint.forced_tokens
+    for c in forced:
+        assert c.mode == "spec" and c.drafted == c.forced and c.block_size == c.forced + 1
+    # Drafted cycles ran the drafter and carry no forced tokens.
+    assert any(c.forced == 0 and c.drafted > 0 for c in spec.cycles)
+    # AR never takes forced runs; unconstrained spec has none.
+    assert all(c.forced == 0 for c in _stats(engine, "ar", constraint).cycles)
+    assert all(c.forced == 0 for c in _stats(engine, "spec", None).cycles)
