@@ -236,13 +236,16 @@ class PolicyController:
             return self._set(arm, kind, reason, new_span)
         if self.probe is None:
             rule = self.policy.rule(self.label, span)
-            recheck = self.steps % self.recheck_every == 0
-            if recheck and self.dwell >= self.min_dwell:
+            # Once an arm has settled (min_dwell steps), then at each recheck: first whether a
+            # known arm beats it outright (switch), only then whether to explore. Probing other
+            # block sizes while a measured arm is clearly faster would only delay the switch
+            # (a cold class whose prior was too optimistic spent 32 steps so).
+            due = self.steps % self.recheck_every == 0 or self.dwell == self.min_dwell
+            if due and self.dwell >= self.min_dwell:
                 arm, reason, kind = self._choose(rule, span, self.arm)
                 if arm != self.arm:
                     return self._set(arm, "recheck", reason, span)
-            # Exploration is considered once an arm has settled, then at each recheck.
-            if (recheck or self.dwell == self.min_dwell) and self.budget > 0 and rule.mode != "ar":
+            if due and self.budget > 0 and rule.mode != "ar":
                 self._maybe_probe(rule, span)
         return self._decision()
 
@@ -284,7 +287,14 @@ class PolicyController:
         mode = record.mode
         # A cycle cut short by max_tokens ran a smaller block than decided: not comparable.
         full = mode == "ar" or record.block_size == self.arm[1]
-        if seconds > 0 and full:
+        if seconds > 0 and mode == "spec" and record.forced > 0:
+            # A grammar-forced run: no drafter, one verify of the fixed stretch (shorter than
+            # the block). Not a measure of the drafter's tau or of a block's cycle time, but
+            # part of what the spec arm delivers here: AR steps never take forced runs (they
+            # commit forced tokens one step each, at the AR rate), so the spec arm's estimate
+            # mixes these cycles in at their measured share (Estimates.with_forced).
+            self.est.observe_forced(self.model_id, self.label, span, record.committed, seconds)
+        elif seconds > 0 and full:
             if mode == "spec" and record.drafted > 0:
                 rule = self.policy.rule(self.label, span)
                 self.est.observe_spec(
@@ -376,6 +386,10 @@ class PolicyController:
         cur = self._throughput(self.arm, span)
         best: tuple[int, float, Arm, str] | None = None
         arms = self._arms(rule)
+        # A probe is worth it only if the arm could beat the best arm known here (not merely
+        # the current one, which may itself be about to lose).
+        known = [t for t in (self._throughput(a, span) for a in arms) if t.known]
+        top = max([cur, *known], key=lambda t: t.tps if t.known else -1.0)
         largest = max((a[1] for a in arms if a[0] == "spec"), default=0)
         for arm in arms:
             if arm == self.arm or not self.state.backoff.allowed(scope, arm):
@@ -392,7 +406,7 @@ class PolicyController:
             if (
                 arm[0] == "spec"
                 and self.explore.skip_hopeless
-                and not self._could_win(arm, span, cur, rule)
+                and not self._could_win(arm, span, top, rule)
             ):
                 continue
             why = probe_reason(
@@ -424,7 +438,10 @@ class PolicyController:
         ar = self.est.ar(self.model_id, self.context)
         if tau is None or not ar.known or not cur.known:
             return True
-        return tau * ar.tps > cur.tps * (1.0 + rule.switch_margin)
+        # Forced runs (measured) lift the bound by their share, as they lift the estimate.
+        bound = Throughput(tau * ar.tps, 0.0, 0.0)
+        bound = self.est.with_forced(self.model_id, self.label, span, arm[1], bound)
+        return bound.tps > cur.tps * (1.0 + rule.switch_margin)
 
     def _end_probe(self, span: str) -> None:
         probe = self.probe
@@ -464,7 +481,11 @@ class PolicyController:
                 f"{span}: probe lost, {self._fmt(probe.arm, est)} vs {self._fmt(probe.base, est)}"
                 f" (p={p:.2f}); next probe in {wait} steps"
             )
-            self._set(probe.base, "probe-lost", reason, span)
+            # Back to the base, unless what is known now says another arm beats it outright.
+            arm, why, _ = self._choose(rule, span, probe.base)
+            if arm != probe.base:
+                reason = f"{reason}; {why}"
+            self._set(arm, "probe-lost", reason, span)
 
     def _set(self, arm: Arm, kind: str, reason: str, span: str) -> ModeDecision:
         changed = arm != self.arm

@@ -12,6 +12,14 @@ Tau is also pooled per span kind over all classes (label `*`) and over everythin
 class or span seen for the first time starts from the pool as a prior (worth at most
 `PRIOR_SAMPLES` samples, and reported with 0 own samples, so it is still probed).
 
+Grammar-forced cycles (a constraint fixed the next tokens, the drafter did not run and the stretch
+was verified in one forward: `CycleRecord.forced`) are learned apart, per (model, class, span): the
+share of spec-committed tokens they commit, and their seconds and tokens per cycle. They never feed
+tau or the cycle timing (they are no measure of the drafter, and are shorter than the block), but
+they do count for the spec arm: only a speculative session takes forced runs (an AR step commits a
+forced token like any other, one step each), so spec seconds per token mix drafted and forced
+cycles in their measured shares (`with_forced`).
+
 Every estimate is an exponentially decayed mean with variance: each new sample multiplies the old
 weight by `sample_decay`, and weight also halves every `half_life_s` seconds of the injected clock,
 so estimates follow the workload and stale ones become uncertain (and get re-probed).
@@ -171,6 +179,7 @@ class Surplus:
 
 
 TauKey = tuple[str, str, str, int]  # model, class label, span kind, block size
+ScopeKey = tuple[str, str, str]  # model, class label, span kind
 CycleKey = tuple[str, int, int]  # model, block size, context bucket
 ArKey = tuple[str, int]  # model, context bucket
 
@@ -193,6 +202,13 @@ class Estimates:
         self.tau: dict[TauKey, Stat] = {}
         self.cycle_s: dict[CycleKey, Stat] = {}
         self.ar_s: dict[ArKey, Stat] = {}
+        # Forced runs per scope: committed tokens of every spec cycle and of the forced ones only
+        # (added together, so the ratio of their sums is the decayed forced share), and per
+        # forced cycle its seconds and committed tokens.
+        self.spec_tokens: dict[ScopeKey, Stat] = {}
+        self.forced_tokens: dict[ScopeKey, Stat] = {}
+        self.forced_s: dict[ScopeKey, Stat] = {}
+        self.forced_n: dict[ScopeKey, Stat] = {}
 
     def bucket(self, context_len: int) -> int:
         return context_bucket(context_len, self.smallest_bucket)
@@ -212,6 +228,7 @@ class Estimates:
         """One speculative cycle at `block_size` that accepted `accepted` draft tokens in
         `seconds`. `block_sizes` lists smaller candidate blocks to credit counterfactually."""
         now = self.clock()
+        self._add_share((model, label, span), accepted + 1.0, 0.0, now)
         self._add(self.cycle_s, (model, block_size, self.bucket(context_len)), seconds, now, True)
         for b in {block_size, *block_sizes}:
             if 1 < b <= block_size:
@@ -219,6 +236,23 @@ class Estimates:
                 self._add(self.tau, (model, label, span, b), x, now)
                 self._add(self.tau, (model, POOL, span, b), x, now)
                 self._add(self.tau, (model, POOL, POOL, b), x, now)
+
+    def observe_forced(
+        self, model: str, label: str, span: str, committed: int, seconds: float
+    ) -> None:
+        """One grammar-forced spec cycle: `committed` tokens (the forced run and the target's
+        token after it) in `seconds`, without a drafter run."""
+        if committed <= 0:
+            return
+        now = self.clock()
+        key = (model, label, span)
+        self._add_share(key, float(committed), float(committed), now)
+        self._add(self.forced_s, key, seconds, now, True)
+        self._add(self.forced_n, key, float(committed), now)
+
+    def _add_share(self, key: ScopeKey, committed: float, forced: float, now: float) -> None:
+        self._add(self.spec_tokens, key, committed, now)
+        self._add(self.forced_tokens, key, forced, now)
 
     def observe_ar(self, model: str, seconds: float, context_len: int) -> None:
         """One target-only step that took `seconds`."""
@@ -259,7 +293,43 @@ class Estimates:
         if cyc is None or n_tau <= 0:
             return UNKNOWN, tau.mean
         tau_se = math.sqrt(max(tau.var, _TAU_ABS_FLOOR**2) / n_tau)
-        return self._rate(tau.mean, tau_se, cyc, now, own), tau.mean
+        drafted = self._rate(tau.mean, tau_se, cyc, now, own)
+        return self.with_forced(model, label, span, block_size, drafted), tau.mean
+
+    def forced_share(self, model: str, label: str, span: str) -> float:
+        """Share of spec-committed tokens that forced cycles committed here (0.0 unknown)."""
+        total = self.spec_tokens.get((model, label, span))
+        forced = self.forced_tokens.get((model, label, span))
+        if total is None or forced is None or total.s1 <= 0:
+            return 0.0
+        return min(max(forced.s1 / total.s1, 0.0), 1.0)
+
+    def with_forced(
+        self, model: str, label: str, span: str, block_size: int, drafted: Throughput
+    ) -> Throughput:
+        """The spec arm's throughput at `block_size` when a share of its tokens comes from
+        forced cycles: seconds per token are the drafted cycles' and the forced cycles' in
+        their measured shares. A forced run is at most `block_size - 1` tokens plus the
+        target's one, so runs measured at a larger block take proportionally more cycles at
+        a smaller one. Unchanged where nothing forced was measured."""
+        key = (model, label, span)
+        phi = self.forced_share(model, label, span)
+        secs, toks = self.forced_s.get(key), self.forced_n.get(key)
+        if not drafted.known or phi <= 0 or secs is None or toks is None or toks.mean <= 0:
+            return drafted
+        cycles = max(1.0, toks.mean / block_size)  # cycles per measured forced cycle
+        forced_spt = secs.mean * cycles / toks.mean
+        drafted_spt = 1.0 / drafted.tps
+        spt = (1.0 - phi) * drafted_spt + phi * forced_spt
+        tps = 1.0 / spt
+        # The drafted part carries its relative error in proportion to its share of the time;
+        # the forced part adds its own timing noise (floored like every timing).
+        n = max(secs.effective(self.clock(), self.half_life_s), 1e-9)
+        forced_rel = math.sqrt(max(secs.var, (_TIME_REL_FLOOR * secs.mean) ** 2) / n) / secs.mean
+        d_share = (1.0 - phi) * drafted_spt / spt
+        f_share = phi * forced_spt / spt
+        rel = math.hypot(d_share * drafted.std / drafted.tps, f_share * forced_rel)
+        return Throughput(tps, tps * rel, drafted.samples)
 
     def measured_tau(self, model: str, label: str, span: str, block_size: int) -> float | None:
         """Tau measured for exactly this class and span (no prior), or None."""
@@ -306,20 +376,15 @@ class Estimates:
     # -- persistence --------------------------------------------------------------------------
     def to_json(self) -> dict[str, list[list]]:
         return {
-            "tau": [[*k, *v.to_list()] for k, v in self.tau.items()],
-            "cycle_s": [[*k, *v.to_list()] for k, v in self.cycle_s.items()],
-            "ar_s": [[*k, *v.to_list()] for k, v in self.ar_s.items()],
+            name: [[*k, *v.to_list()] for k, v in getattr(self, name).items()] for name in _TABLES
         }
 
     def load_json(self, data: dict) -> int:
         """Merge persisted estimates (replacing same keys); returns how many were loaded.
         Raises ValueError on a malformed document."""
         parsed: dict[str, dict] = {}
-        for name, kinds in (
-            ("tau", (str, str, str, int)),
-            ("cycle_s", (str, int, int)),
-            ("ar_s", (str, int)),
-        ):
+        # Files from before forced runs were learned lack their tables: those stay empty.
+        for name, kinds in _TABLES.items():
             rows = data.get(name, [])
             if not isinstance(rows, list):
                 raise ValueError(f"{name}: not a list")
@@ -338,5 +403,17 @@ class Estimates:
         return sum(len(t) for t in parsed.values())
 
     def models(self) -> Iterator[str]:
-        seen = {k[0] for k in self.tau} | {k[0] for k in self.cycle_s} | {k[0] for k in self.ar_s}
+        seen = {k[0] for name in _TABLES for k in getattr(self, name)}
         return iter(sorted(seen))
+
+
+# Persisted tables and the types of their key fields.
+_TABLES: dict[str, tuple[type, ...]] = {
+    "tau": (str, str, str, int),
+    "cycle_s": (str, int, int),
+    "ar_s": (str, int),
+    "spec_tokens": (str, str, str),
+    "forced_tokens": (str, str, str),
+    "forced_s": (str, str, str),
+    "forced_n": (str, str, str),
+}

@@ -107,7 +107,8 @@ def test_json_round_trip_and_rejects_malformed() -> None:
     est.observe_spec("m", "c", "json", 8, 5, 0.02, 700, block_sizes=(4,))
     est.observe_ar("m", 0.004, 700)
     copy = Estimates(clock=clock)
-    assert copy.load_json(est.to_json()) == 8  # 2 blocks x 3 tau pools, cycle, AR
+    # 2 blocks x 3 tau pools, cycle, AR, and the forced share's two sums (nothing forced yet)
+    assert copy.load_json(est.to_json()) == 10
     assert copy.surplus("m", "c", "json", 8, 700) == est.surplus("m", "c", "json", 8, 700)
     with pytest.raises(ValueError):
         Estimates().load_json({"tau": [["m", "c", "json", "8", 1, 1, 1, 1, 1]]})

@@ -16,6 +16,7 @@ def learned(clock: FakeClock, model: str = "m") -> Estimates:
     for _ in range(5):
         est.observe_spec(model, "tools.think-off.user.lt1k", "tool_call", 8, 1, 0.02, 400)
         est.observe_ar(model, 0.006, 400)
+        est.observe_forced(model, "tools.think-off.user.lt1k", "tool_call", 6, 0.012)
     return est
 
 
@@ -26,7 +27,9 @@ def test_round_trip_keeps_other_models(tmp_path: Path) -> None:
     assert store.save("m", learned(clock))
     assert store.save("other", learned(clock, "other"))
     fresh = Estimates(clock=clock)
-    assert store.load("m", fresh) == 5
+    # 3 tau pools, cycle, AR; forced share (2 sums), forced seconds and tokens per cycle
+    assert store.load("m", fresh) == 9
+    assert fresh.forced_share("m", "tools.think-off.user.lt1k", "tool_call") > 0
     surplus = fresh.surplus("m", "tools.think-off.user.lt1k", "tool_call", 8, 400)
     assert surplus == learned(clock).surplus("m", "tools.think-off.user.lt1k", "tool_call", 8, 400)
     doc = json.loads(path.read_text())
@@ -51,7 +54,7 @@ def test_corrupt_foreign_and_missing_files_are_ignored(tmp_path: Path) -> None:
     # A corrupt file is replaced by a good one on the next save.
     path.write_text("{not json")
     assert PolicyStore(path).save("m", learned(FakeClock()))
-    assert PolicyStore(path).load("m", Estimates(clock=FakeClock())) == 5
+    assert PolicyStore(path).load("m", Estimates(clock=FakeClock())) == 9
 
 
 def test_unwritable_state_dir_does_not_raise(tmp_path: Path) -> None:

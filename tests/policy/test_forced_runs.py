@@ -1,0 +1,118 @@
+"""Grammar-forced cycles (`CycleRecord.forced`) in the estimates: they never feed the drafter's tau or
+a block's cycle time, and they count for the spec arm at their measured share of its tokens (only
+spec takes forced runs: AR commits forced tokens one step each)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolflash.engine.api import CycleRecord
+from toolflash.policy.config import PolicyConfig
+from toolflash.policy.controller import AdaptivePolicy
+from toolflash.policy.estimates import Estimates
+from toolflash.policy.request_class import RequestClass
+
+from .fakes import FakeClock, ar_record, spec_record
+
+FORCED_CLASS = RequestClass(
+    kind="tool-forced", thinking="off", after_tool_result=False, length_band="lt1k"
+)
+
+
+def forced_record(index: int, run: int, seconds: float, ctx: int = 300) -> CycleRecord:
+    """A forced run of `run` tokens verified in one forward (the target's token after it too)."""
+    return CycleRecord(
+        index=index,
+        mode="spec",
+        block_size=run + 1,
+        drafted=run,
+        accepted=run,
+        committed=run + 1,
+        draft_s=0.0,
+        verify_s=seconds,
+        rollback_s=0.0,
+        context_len=ctx,
+        forced=run,
+    )
+
+
+def test_forced_share_mixes_seconds_per_token() -> None:
+    est = Estimates(sample_half_life=1e9, half_life_s=0, clock=FakeClock())
+    for _ in range(10):
+        # Drafted: 2 tokens per 10 ms (200 tok/s); forced: 7 tokens per 5 ms.
+        est.observe_spec("m", "c", "json", 8, 1, 0.010, 300)
+        est.observe_spec("m", "c", "json", 8, 1, 0.010, 300)
+        est.observe_forced("m", "c", "json", 7, 0.005)
+    assert est.forced_share("m", "c", "json") == pytest.approx(7 / 11)
+    spec, tau = est.spec("m", "c", "json", 8, 300)
+    assert tau == pytest.approx(2.0)  # the drafter's own tau, forced runs left out
+    spt = (4 / 11) * (0.010 / 2) + (7 / 11) * (0.005 / 7)
+    assert spec.tps == pytest.approx(1 / spt)
+    assert 0 < spec.std < spec.tps
+    # Another class, or a span with nothing forced, is unchanged.
+    est.observe_spec("m", "c", "text", 8, 1, 0.010, 300)
+    assert est.spec("m", "c", "text", 8, 300)[0].tps == pytest.approx(200.0)
+
+
+def test_forced_runs_measured_at_a_larger_block_take_more_cycles_at_a_smaller_one() -> None:
+    est = Estimates(sample_half_life=1e9, half_life_s=0, clock=FakeClock())
+    for _ in range(10):
+        est.observe_spec("m", "c", "json", 8, 1, 0.010, 300, block_sizes=(4,))
+        est.observe_spec("m", "c", "json", 4, 1, 0.010, 300)
+        est.observe_forced("m", "c", "json", 8, 0.005)  # runs of 7 + 1 at block 8
+    phi = est.forced_share("m", "c", "json")
+    at8 = est.spec("m", "c", "json", 8, 300)[0].tps
+    at4 = est.spec("m", "c", "json", 4, 300)[0].tps
+    assert at8 == pytest.approx(1 / ((1 - phi) * 0.005 + phi * 0.005 / 8))
+    assert at4 == pytest.approx(1 / ((1 - phi) * 0.005 + phi * 0.005 * 2 / 8))
+
+
+def test_state_files_from_before_forced_runs_still_load() -> None:
+    old = Estimates(clock=FakeClock())
+    old.observe_spec("m", "c", "json", 8, 3, 0.01, 300)
+    doc = {k: v for k, v in old.to_json().items() if k in ("tau", "cycle_s", "ar_s")}
+    est = Estimates(clock=FakeClock())
+    assert est.load_json(doc) == 4
+    assert est.forced_share("m", "c", "json") == 0.0
+    assert est.spec("m", "c", "json", 8, 300)[0].tps == pytest.approx(400.0)
+
+
+def test_controller_credits_forced_cycles_to_the_spec_arm(tmp_path: Path) -> None:
+    """Drafted cycles alone (200 tok/s) lose to AR (250 tok/s), but a third of the cycles are
+    forced runs that commit 7 tokens in 5 ms: spec delivers 440 tok/s and the policy keeps it."""
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(
+        "estimates: {timing: cycle}\nexploration: {budget_per_request: 0}\n"
+        "defaults: {block_sizes: [8]}\n"
+    )
+    pol = AdaptivePolicy(PolicyConfig([cfg]), clock=FakeClock(), state_file=str(tmp_path / "s"))
+    ctrl = pol.controller_for("m", FORCED_CLASS, False)
+    decision = ctrl.start(300, 8)
+    assert (decision.mode, decision.block_size) == ("spec", 8)
+    for i in range(12):
+        ctrl.after_step(ar_record(i, 0.004), [0], "")
+    i = 12
+    for _ in range(20):
+        for rec in (
+            forced_record(i, 6, 0.005),
+            spec_record(i + 1, 8, 1, 0.010),
+            spec_record(i + 2, 8, 1, 0.010),
+        ):
+            decision = ctrl.after_step(rec, [0] * rec.committed, "")
+        i += 3
+        assert decision.mode == "spec"
+    span = ctrl.spans.kind
+    est = pol.model("m").estimates
+    label = FORCED_CLASS.label
+    # Forced cycles kept out of tau and the block's cycle time ...
+    assert est.measured_tau("m", label, span, 8) == pytest.approx(2.0)
+    assert max(s.mean for s in est.cycle_s.values()) == pytest.approx(0.010)
+    # ... and credited to the spec arm at their share.
+    assert est.forced_share("m", label, span) == pytest.approx(7 / 11, rel=0.01)  # decayed
+    spec = est.spec("m", label, span, 8, 300)[0]
+    assert spec.tps == pytest.approx(440.0, rel=0.01)
+    # A new request of the class starts in spec on that estimate.
+    nxt = pol.controller_for("m", FORCED_CLASS, False).start(300, 8)
+    assert nxt.mode == "spec" and "fastest known spec8" in nxt.reason
