@@ -11,7 +11,12 @@ process CPU time of the decode phase) and tokens are summed per request class an
 MEASURES). A second AR run per request (`ar-again`) shows the noise floor.
 
     OPENBLAS_NUM_THREADS=1 LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \
-        python benchmarks/agent_workload.py [--model DIR --draft DIR] [--out DIR]
+        flock /tmp/bench.lock python benchmarks/agent_workload.py --rounds 8 \
+        [--model DIR --draft DIR] [--out DIR]
+
+(8 rounds is what the published results use: per-class figures over one or two requests are noisy
+on a shared machine; the `noise` column, ar-again vs ar, says how noisy.) Each row also counts the
+grammar-forced cycles (`forced_cycles`, `forced_tokens`: forced runs verified without drafting).
 
 Writes `agent_workload.json` and `agent_workload.png` (tok/s per class per strategy) to --out.
 The bar (issue 5): adaptive within 3% of the better fixed mode on every class, and faster than both
@@ -390,6 +395,8 @@ class Result:
     completion_tokens: int
     cycles: int
     spec_cycles: int
+    forced_cycles: int = 0
+    forced_tokens: int = 0
     summary: dict[str, Any] | None = None
 
 
@@ -428,6 +435,8 @@ def generate(
         st.completion_tokens,
         len(st.cycles),
         st.spec_cycles,
+        sum(1 for c in st.cycles if c.forced),
+        sum(c.forced for c in st.cycles),
         controller.summary() if controller is not None else None,
     )
 
@@ -502,6 +511,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "cpu_s": r.cpu_s,
                         "cycles": r.cycles,
                         "spec_cycles": r.spec_cycles,
+                        "forced_cycles": r.forced_cycles,
+                        "forced_tokens": r.forced_tokens,
                         "policy": r.summary,
                     }
                 )

@@ -29,8 +29,13 @@ def test_shipped_files_load_and_default_comes_first() -> None:
     config = PolicyConfig()
     tiny = config.for_model("toolflash-tiny-qwen3")
     other = config.for_model("Qwen/Qwen3-4B")
-    assert tiny.rule("chat.think-off.user.lt1k", "text").block_sizes == (8, 4, 2)
+    # The tiny pair's drafter proposes blocks of 16: the per-model file keeps 16 a choice ...
+    assert tiny.rule("chat.think-off.user.lt1k", "text").block_sizes == (16, 8, 4)
     assert other.rule("chat.think-off.user.lt1k", "text").block_sizes == (16, 8, 4)
+    # ... and only loosens the margin for forced tool calls and JSON answers.
+    assert tiny.rule("json.think-off.user.lt1k", "json").switch_margin == 0.03
+    assert tiny.rule("tool-forced.think-off.user.lt1k", "tool_call").switch_margin == 0.03
+    assert other.rule("json.think-off.user.lt1k", "json").switch_margin == 0.05
     assert len(tiny.sources) == 2 and len(other.sources) == 1
 
 
