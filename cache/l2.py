@@ -30,6 +30,9 @@ from .snapshot import Snapshot, is_prefix
 log = structlog.get_logger(__name__)
 
 _STOP = object()
+# Longest a queued write waits for a prefill to finish (so a stream of requests cannot starve
+# the disk tier forever).
+_MAX_DEFER_S = 30.0
 
 
 @dataclass
@@ -84,6 +87,11 @@ class DiskCache:
         self._lock = threading.Lock()
         self._scanned_mtime = -1.0
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=64)
+        # Cleared while the engine prefills: writes wait, so on a machine with few cores the
+        # serialisation and checksums of the last request's snapshots do not compete with the
+        # next request's prefill (its TTFT).
+        self._idle = threading.Event()
+        self._idle.set()
         self._writer = threading.Thread(target=self._write_loop, name="toolflash-l2", daemon=True)
         self._writer.start()
         self._rescan()
@@ -206,6 +214,13 @@ class DiskCache:
             log.warning("l2_queue_full", tokens=len(snapshot.tokens))
             return False
 
+    def pause(self) -> None:
+        """Hold back writes not yet started (the engine is on a latency-critical path)."""
+        self._idle.clear()
+
+    def resume(self) -> None:
+        self._idle.set()
+
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every queued snapshot is written (tests, shutdown)."""
         deadline = time.time() + timeout
@@ -224,6 +239,7 @@ class DiskCache:
             try:
                 if item is _STOP:
                     return
+                self._idle.wait(_MAX_DEFER_S)
                 self._write(item)
             except Exception as exc:  # the writer must survive anything one snapshot does
                 self.stats["write_errors"] += 1

@@ -81,6 +81,15 @@ class PrefixCache:
             self.l2.put(snapshot)
         self.counters["published"] += 1
 
+    def prefill_started(self) -> None:
+        """The engine begins a prefill: background disk writes wait until it ends."""
+        if self.l2 is not None:
+            self.l2.pause()
+
+    def prefill_finished(self) -> None:
+        if self.l2 is not None:
+            self.l2.resume()
+
     def record_prefill(self, restored: int, computed: int) -> None:
         self.counters["restored_tokens"] += restored
         self.counters["computed_tokens"] += computed

@@ -33,6 +33,7 @@ from .draft_context import DraftWindow
 from .drafter import DFlashDrafter
 from .sampling.logprobs import RawLogprob
 from .session import GenerationSession
+from .state import SessionState
 from .stops import StopMatcher, visible_text
 from .targets.base import TargetAdapter
 
@@ -174,19 +175,34 @@ class DFlashEngine:
         cache = self.prefix_cache
         hit = cache.lookup(self.cache_key, prompt) if cache is not None else None
         restored = len(hit.snapshot.tokens) if hit is not None else 0
-        first = session.prefill(
-            prompt,
-            restore=hit.snapshot.state if hit is not None else None,
-            publish_at=request.publish_at if cache is not None else (),
-            publish=(lambda state: cache.publish(self.cache_key, state)) if cache else None,
-        )
+        # States reached at `publish_at` during prefill are published only after the first
+        # token is out: publishing evaluates and queues them (L2), which must not delay TTFT.
+        # MLX arrays are values, so a state exported mid-prefill is unchanged by what follows.
+        deferred: list[SessionState] = []
+        if cache is not None:
+            cache.prefill_started()
+        try:
+            first = session.prefill(
+                prompt,
+                restore=hit.snapshot.state if hit is not None else None,
+                publish_at=request.publish_at if cache is not None else (),
+                publish=deferred.append if cache is not None else None,
+            )
+        finally:
+            if cache is not None:
+                cache.prefill_finished()
         if cache is not None:
             cache.record_prefill(restored, len(prompt) - restored)
         prefill_s = time.perf_counter() - t0
         t_decode = time.perf_counter()
         finished = matcher.check([first]) is not None
         first_text = text.push([first])
-        yield TokenEvent((first,), first_text, None, self._logprobs(session.first_logprobs))
+        try:
+            yield TokenEvent((first,), first_text, None, self._logprobs(session.first_logprobs))
+        finally:  # also when the consumer stops right after the first token
+            for state in deferred:
+                assert cache is not None
+                cache.publish(self.cache_key, state)
         # Without a drafter there is nothing to choose: the controller is not consulted.
         if controller is not None and self.drafter is not None:
             # The first token may already open a span (`<tool_call>`, `<think>`, `{`).

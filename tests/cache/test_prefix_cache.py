@@ -289,3 +289,46 @@ def test_disk_cache_ignores_unrelated_files(tmp_path: Path) -> None:
     cache = DiskCache(tmp_path)
     assert len(cache) == 0 and (tmp_path / "notes.txt").exists()
     cache.close()
+
+
+def test_snapshots_are_published_after_the_first_token(model_dirs: Any, tmp_path: Path) -> None:
+    """The stable-prefix snapshot reached during prefill is published only once the first
+    token is out (publishing must not delay TTFT), also when the consumer stops there, and
+    restoring it still equals recomputing."""
+    cache = PrefixCache(CacheConfig(l2_dir=str(tmp_path / "l2")))
+    engine = engine_for(model_dirs, cache)
+    prompt, stable, history = turn_prompts(engine)
+    events = engine.generate(GenerationRequest(tuple(prompt), 8, publish_at=(stable,)))
+    assert isinstance(next(events), TokenEvent)
+    assert cache.counters["published"] == 0 and len(cache.l1) == 0
+    events.close()  # the client went away right after the first token
+    assert cache.counters["published"] == 1
+    hit = cache.lookup(engine.cache_key, prompt)
+    assert hit is not None and len(hit.snapshot.tokens) == stable
+    other = engine.encode_chat([history[0], {"role": "user", "content": "import os"}])
+    want, _ = run(engine_for(model_dirs, None), other)
+    got, stats = run(engine, other)
+    assert got == want and stats.cached_tokens == stable
+    cache.close()
+
+
+def test_l2_writes_wait_while_the_engine_prefills(model_dirs: Any, tmp_path: Path) -> None:
+    """Disk writes queued during a prefill start only after it (or the defer limit)."""
+    cache = PrefixCache(CacheConfig(l2_dir=str(tmp_path / "l2")))
+    engine = engine_for(model_dirs, cache)
+    prompt, stable, _ = turn_prompts(engine)
+    run(engine, prompt, n=4, publish_at=(stable,))
+    assert cache.l2 is not None
+    cache.l2.flush()
+    assert len(cache.l2) == 2
+    hit = cache.lookup(engine.cache_key, prompt)
+    assert hit is not None
+    cache.prefill_started()
+    other = replace(hit.snapshot.state, tokens=(*hit.snapshot.tokens[:-1], -1))
+    cache.publish(engine.cache_key, other)
+    cache.l2.flush(timeout=0.3)
+    assert len(cache.l2) == 2  # held back
+    cache.prefill_finished()
+    cache.l2.flush()
+    assert len(cache.l2) == 3
+    cache.close()
