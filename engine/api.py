@@ -125,7 +125,9 @@ class CycleRecord:
     `forced`: how many of the `drafted` tokens an output constraint forced (the drafter did not
     run; the grammar-fixed stretch was verified in one forward, so `block_size` is the run
     length + 1, usually shorter than the block the caller asked for). 0 for drafted cycles and
-    AR steps (an AR step never takes forced runs)."""
+    AR steps (an AR step never takes forced runs). `draft_cut`: a drafted proposal the constraint
+    ended before the block was full (the grammar allowed nothing further, e.g. after a closed
+    call), so `block_size` is smaller than asked although the block was not limited."""
 
     index: int
     mode: Mode
@@ -138,6 +140,7 @@ class CycleRecord:
     rollback_s: float
     context_len: int
     forced: int = 0
+    draft_cut: bool = False
 
     @property
     def total_s(self) -> float:

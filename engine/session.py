@@ -268,6 +268,7 @@ class GenerationSession:
             t3 - t2,
             logprobs,
             forced=drafted if proposal.forced else 0,
+            draft_cut=not proposal.forced and drafted < block_size - 1,
         )
 
     def _logprobs(self, logits: mx.array, tokens: list[int]) -> list[RawLogprob]:
@@ -288,6 +289,7 @@ class GenerationSession:
         rollback_s: float,
         logprobs: list[RawLogprob],
         forced: int = 0,
+        draft_cut: bool = False,
     ) -> StepResult:
         record = CycleRecord(
             index=self.cycles,
@@ -301,6 +303,7 @@ class GenerationSession:
             rollback_s=rollback_s,
             context_len=self.fed,
             forced=forced,
+            draft_cut=draft_cut,
         )
         self.cycles += 1
         return StepResult(committed, record, end is not None, logprobs)

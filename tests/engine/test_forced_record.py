@@ -1,5 +1,6 @@
 """Cycle records say which cycles were grammar-forced runs (no drafter run, the stretch verified in
-one forward), so the adaptive policy can credit them apart from drafted cycles."""
+one forward) and which drafts the grammar cut short, so the adaptive policy can credit them apart
+from full drafted cycles."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def _stats(engine: Any, mode: Mode, constraint: OutputConstraint | None) -> Any:
         [{"type": "function", "function": {"name": TOOL.name, "parameters": TOOL.parameters}}],
         {"enable_thinking": False},
     )
-    req = GenerationRequest(tuple(prompt), 60, mode=mode, constraint=constraint)
+    # Room for the whole call: no cycle is shortened by max_tokens.
+    req = GenerationRequest(tuple(prompt), 200, mode=mode, block_size=16, constraint=constraint)
     return [e for e in engine.generate(req) if isinstance(e, FinishEvent)][0].stats
 
 
@@ -43,6 +45,9 @@ def test_forced_cycles_are_marked_and_match_the_constraint_figures(engine: Any) 
         assert c.mode == "spec" and c.drafted == c.forced and c.block_size == c.forced + 1
     # Drafted cycles ran the drafter and carry no forced tokens.
     assert any(c.forced == 0 and c.drafted > 0 for c in spec.cycles)
+    # A drafted cycle shorter than the block was cut by the grammar, and says so.
+    for c in spec.cycles:
+        assert c.draft_cut == (c.forced == 0 and c.block_size < 16)
     # AR never takes forced runs; unconstrained spec has none.
     assert all(c.forced == 0 for c in _stats(engine, "ar", constraint).cycles)
     assert all(c.forced == 0 for c in _stats(engine, "spec", None).cycles)
