@@ -294,6 +294,29 @@ class PolicyController:
             # commit forced tokens one step each, at the AR rate), so the spec arm's estimate
             # mixes these cycles in at their measured share (Estimates.with_forced).
             self.est.observe_forced(self.model_id, self.label, span, record.committed, seconds)
+        elif (
+            seconds > 0
+            and mode == "spec"
+            and record.draft_cut
+            and record.drafted > 0
+            and self.arm[0] == "spec"
+            and record.block_size <= self.arm[1]
+        ):
+            # The grammar ended the draft early (nothing further allowed): the arm's block
+            # would have committed exactly this, so it counts for tau at that block (dropping
+            # it biased constrained spans' tau down, most at the largest block). Its time is
+            # that of a shorter block, so it stays out of the block's cycle time.
+            rule = self.policy.rule(self.label, span)
+            self.est.observe_spec(
+                self.model_id,
+                self.label,
+                span,
+                self.arm[1],
+                record.accepted,
+                None,
+                record.context_len,
+                rule.block_sizes,
+            )
         elif seconds > 0 and full:
             if mode == "spec" and record.drafted > 0:
                 rule = self.policy.rule(self.label, span)

@@ -221,15 +221,19 @@ class Estimates:
         span: str,
         block_size: int,
         accepted: int,
-        seconds: float,
+        seconds: float | None,
         context_len: int,
         block_sizes: Iterable[int] = (),
     ) -> None:
         """One speculative cycle at `block_size` that accepted `accepted` draft tokens in
-        `seconds`. `block_sizes` lists smaller candidate blocks to credit counterfactually."""
+        `seconds` (None: tau only, the cycle ran a shorter block than `block_size` because the
+        grammar ended the draft). `block_sizes` lists smaller candidate blocks to credit
+        counterfactually."""
         now = self.clock()
         self._add_share((model, label, span), accepted + 1.0, 0.0, now)
-        self._add(self.cycle_s, (model, block_size, self.bucket(context_len)), seconds, now, True)
+        if seconds is not None:
+            key = (model, block_size, self.bucket(context_len))
+            self._add(self.cycle_s, key, seconds, now, True)
         for b in {block_size, *block_sizes}:
             if 1 < b <= block_size:
                 x = min(accepted, b - 1) + 1.0

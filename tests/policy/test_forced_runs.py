@@ -116,3 +116,22 @@ def test_controller_credits_forced_cycles_to_the_spec_arm(tmp_path: Path) -> Non
     # A new request of the class starts in spec on that estimate.
     nxt = pol.controller_for("m", FORCED_CLASS, False).start(300, 8)
     assert nxt.mode == "spec" and "fastest known spec8" in nxt.reason
+
+
+def test_a_draft_the_grammar_cut_counts_for_tau_at_the_arms_block(tmp_path: Path) -> None:
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("estimates: {timing: cycle}\nexploration: {budget_per_request: 0}\n")
+    pol = AdaptivePolicy(PolicyConfig([cfg]), clock=FakeClock(), state_file=str(tmp_path / "s"))
+    ctrl = pol.controller_for("m", FORCED_CLASS, False)
+    assert ctrl.start(300, 16).block_size == 16
+    # Asked for 16, the grammar allowed 8 draft tokens (the call closed), all accepted.
+    cut = CycleRecord(0, "spec", 9, 8, 8, 9, 0.002, 0.004, 0.0, 300, draft_cut=True)
+    ctrl.after_step(cut, [0] * 9, "")
+    est = pol.model("m").estimates
+    span = ctrl.spans.kind
+    assert est.measured_tau("m", FORCED_CLASS.label, span, 16) == pytest.approx(9.0)
+    assert est.measured_tau("m", FORCED_CLASS.label, span, 4) == pytest.approx(4.0)
+    assert not est.cycle_s  # a shorter block's time is no measure of block 16
+    # A block cut by max_tokens (no draft_cut) is still left out entirely.
+    ctrl.after_step(CycleRecord(1, "spec", 3, 2, 2, 3, 0.001, 0.002, 0.0, 309), [0] * 3, "")
+    assert est.tau[("m", FORCED_CLASS.label, span, 16)].count == 1
