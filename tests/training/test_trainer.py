@@ -187,3 +187,16 @@ def test_cached_features_are_what_the_session_sees(target: Any) -> None:
     incremental = mx.concatenate([p for p in parts if p is not None], axis=1)[0]
     assert incremental.shape == cached.shape
     assert mx.allclose(incremental, cached, atol=1e-4).item()
+
+
+def test_batched_features_equal_one_sequence_at_a_time(target: Any) -> None:
+    """Features from right-padded groups equal the one-sequence forwards row for row (padding
+    after a sequence cannot reach its rows), in the input order."""
+    drafter = _drafter(target)
+    ids = drafter.config.target_layer_ids
+    examples = [_example(7, length=31), _example(8, length=12), _example(9, length=24)]
+    single = target_features(target, ids, examples, batch_tokens=1)
+    batched = target_features(target, ids, examples, batch_tokens=3 * 31)
+    for one, many, ex in zip(single, batched, examples, strict=True):
+        assert one.shape == many.shape == (ex.tokens.size, one.shape[-1])
+        assert mx.allclose(one, many, atol=1e-4).item()
