@@ -5,10 +5,15 @@ Files are `<id>.safetensors` and `<id>.json`, both written to temporary names an
 (data first, metadata last: an entry exists only once both are complete), so several processes
 can share one directory. Anything that is not a complete, checksummed snapshot of this schema
 (corrupt, truncated, foreign, other schema) is skipped and removed, never raised.
+
+`close()` drains the writer's queue within a bound, joins the writer and turns later puts into
+no-ops; it also runs at interpreter exit (the writer is a daemon thread: killed inside MLX's
+save at exit, it aborted the process with `terminate called without an active exception`).
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -33,6 +38,8 @@ _STOP = object()
 # Longest a queued write waits for a prefill to finish (so a stream of requests cannot starve
 # the disk tier forever).
 _MAX_DEFER_S = 30.0
+# Default bound on how long `close()` waits for queued writes (server shutdown, process exit).
+CLOSE_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -82,6 +89,7 @@ class DiskCache:
             "write_errors": 0,
             "removed_bad": 0,
             "evictions": 0,
+            "dropped_at_close": 0,
         }
         self._index: dict[str, _Entry] = {}
         self._lock = threading.Lock()
@@ -92,8 +100,17 @@ class DiskCache:
         # next request's prefill (its TTFT).
         self._idle = threading.Event()
         self._idle.set()
+        # `_closed` turns puts into no-ops (checked with the enqueue under `_close_lock`, so no
+        # put lands behind the stop marker); `_abandon` makes the writer drop what is still
+        # queued once close's bound is hit.
+        self._close_lock = threading.Lock()
+        self._closed = False
+        self._abandon = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="toolflash-l2", daemon=True)
         self._writer.start()
+        # The writer thread keeps `self` alive anyway, so a strong reference costs nothing;
+        # close() unregisters it.
+        atexit.register(self.close)
         self._rescan()
 
     # -- paths and index ---------------------------------------------------------------
@@ -204,15 +221,25 @@ class DiskCache:
         return snapshot
 
     # -- writes ------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def put(self, snapshot: Snapshot) -> bool:
-        """Queue a snapshot for writing; False when the writer is saturated (dropped)."""
-        mx.eval(*snapshot.state.arrays())
-        try:
-            self._queue.put_nowait(snapshot)
-            return True
-        except queue.Full:
-            log.warning("l2_queue_full", tokens=len(snapshot.tokens))
+        """Queue a snapshot for writing; False when the writer is saturated or the cache is
+        closed (dropped)."""
+        if self._closed:
             return False
+        mx.eval(*snapshot.state.arrays())
+        with self._close_lock:
+            if self._closed:
+                return False
+            try:
+                self._queue.put_nowait(snapshot)
+                return True
+            except queue.Full:
+                log.warning("l2_queue_full", tokens=len(snapshot.tokens))
+                return False
 
     def pause(self) -> None:
         """Hold back writes not yet started (the engine is on a latency-critical path)."""
@@ -227,18 +254,54 @@ class DiskCache:
         while self._queue.unfinished_tasks and time.time() < deadline:
             time.sleep(0.005)
 
-    def close(self) -> None:
-        self.flush()
-        self._queue.put(_STOP)
-        self._writer.join(timeout=5)
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Write what is queued (waiting at most `timeout` seconds), stop and join the writer;
+        later puts are no-ops. Idempotent. When the bound is hit, the snapshots not yet written
+        are dropped (logged as `l2_close_timeout`; a write in progress may still finish, or
+        leave only temporary files, which are never read)."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        atexit.unregister(self.close)
+        self._idle.set()  # shutting down: no prefill to make way for
+        deadline = time.monotonic() + timeout
+        try:
+            self._queue.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))
+            stop_queued = True
+        except queue.Full:  # the writer is stuck on one write; `_abandon` below ends it
+            stop_queued = False
+        self._writer.join(max(0.0, deadline - time.monotonic()))
+        if self._writer.is_alive():
+            self._abandon.set()
+            pending = self._queue.qsize()
+            log.warning(
+                "l2_close_timeout",
+                timeout_s=timeout,
+                dropped=pending - stop_queued,  # the stop marker is no write
+                write_in_progress=self._queue.unfinished_tasks > pending,
+                directory=str(self.dir),
+            )
+        else:
+            log.debug("l2_closed", writes=self.stats["writes"], directory=str(self.dir))
 
     def _write_loop(self) -> None:
         _lower_thread_priority()
         while True:
-            item = self._queue.get()
+            try:
+                # A timeout, so an abandoned writer whose stop marker found the queue full
+                # still ends once the queue is empty.
+                item = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                if self._abandon.is_set():
+                    return
+                continue
             try:
                 if item is _STOP:
                     return
+                if self._abandon.is_set():  # close() gave up waiting: drop, do not write
+                    self.stats["dropped_at_close"] += 1
+                    continue
                 self._idle.wait(_MAX_DEFER_S)
                 self._write(item)
             except Exception as exc:  # the writer must survive anything one snapshot does

@@ -14,7 +14,7 @@ from toolflash.engine.state import SessionState
 
 from .key import SnapshotKey
 from .l1 import MemoryCache
-from .l2 import DiskCache
+from .l2 import CLOSE_TIMEOUT_S, DiskCache
 from .snapshot import Snapshot
 
 log = structlog.get_logger(__name__)
@@ -31,6 +31,8 @@ class CacheConfig:
     l1_bytes: int = 2 << 30
     l2_dir: str | None = None  # None: no disk tier
     l2_bytes: int = 8 << 30
+    # How long closing (server shutdown, process exit) waits for queued disk writes.
+    l2_close_timeout_s: float = CLOSE_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,9 @@ class PrefixCache:
             out.update({f"l2_{k}": v for k, v in self.l2.stats.items()})
         return out
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Write the disk tier's queued snapshots (at most `timeout` seconds, by default the
+        config's), stop its writer; later publishes still fill L1 but no longer reach the
+        disk. Idempotent."""
         if self.l2 is not None:
-            self.l2.close()
+            self.l2.close(self.config.l2_close_timeout_s if timeout is None else timeout)

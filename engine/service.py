@@ -91,6 +91,22 @@ class DFlashEngine:
             template_hash=template_hash(template),
             dtype=str(target.embed(mx.array([[0]])).dtype),
         )
+        self._closed = False
+
+    def close(self, timeout: float | None = None) -> None:
+        """Release what outlives a request: writes queued for the prefix cache's disk tier
+        are finished (at most `timeout` seconds, by default the cache config's
+        `l2_close_timeout_s`; what is left is dropped and logged) and its
+        writer is joined; publishing afterwards no longer reaches the disk. Idempotent.
+
+        A process that never calls it is covered too: the disk tier, which owns the writer
+        thread, registers its own close at interpreter exit (so does a `PrefixCache` used
+        without an engine), which is why nothing is registered here."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.prefix_cache is not None:
+            self.prefix_cache.close(timeout)
 
     @property
     def default_block_size(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import time
@@ -205,6 +206,12 @@ def create_app(
             yield {"gateway": ctx}
         finally:
             worker.stop()
+            # After the worker: no generation publishes any more, so what the prefix cache
+            # queued for disk is written (bounded) before the process goes away. Off the
+            # event loop, which may still be finishing other shutdown work.
+            close = getattr(worker.engine, "close", None)
+            if close is not None:
+                await asyncio.to_thread(close)
             if on_shutdown is not None:
                 on_shutdown()
             log.info("gateway_stopped", uptime_s=round(time.perf_counter() - t0, 1))
