@@ -85,6 +85,13 @@ class TokenChooser(Protocol):
         token after the staged token + the first i drafted tokens) and choose one more."""
         ...
 
+    def choose_run(self, proposal: Proposal, target_logits: mx.array) -> Verdict:
+        """AR's own choice at every row of `target_logits` [k+1, V] (row i after the staged
+        token + the first i tokens of a forced `proposal` of k), fed in one forward: the
+        proposal's tokens up to the first where AR would choose otherwise, then AR's choice
+        there. Exactly what k+1 one-token AR steps would commit (same draws when sampled)."""
+        ...
+
     def commit(self, tokens: Sequence[int]) -> None:
         """The tokens the session finally kept from the last choose/verify (a stop may have
         cut them short)."""
@@ -156,12 +163,19 @@ class GreedyChooser:
         draft = proposal.tokens
         allowed = int(draft.shape[0])
         if self.processors:
-            target_logits, allowed = apply_processors(self.processors, target_logits, host_ints(draft))
+            target_logits, allowed = apply_processors(
+                self.processors, target_logits, host_ints(draft)
+            )
         choice = mx.argmax(target_logits, axis=-1)
         accepted_arr = greedy_acceptance(draft, choice)
         mx.eval(choice, accepted_arr)
         accepted = min(host_int(accepted_arr), allowed)
         return Verdict(accepted, host_ints(draft)[:accepted] + [host_int(choice[accepted])])
+
+    def choose_run(self, proposal: Proposal, target_logits: mx.array) -> Verdict:
+        # Greedy verification keeps exactly the rows where the (processed) argmax, AR's
+        # choice, is the proposed token.
+        return self.verify(proposal, target_logits)
 
     def commit(self, tokens: Sequence[int]) -> None:
         for p in self.processors:

@@ -4,6 +4,11 @@ The session owns the target cache, the drafter context and the committed tokens.
 read and write the same state, so the caller may switch at any cycle boundary; AR steps keep
 queueing target features for the drafter, so speculation resumes with a coherent context.
 
+Under an output constraint, a stretch the grammar forces (`TokenChooser.forced`) is fed in one
+target forward in both modes: a spec cycle verifies it without running the drafter, and an AR
+step ("jump-forward") feeds the staged token and the forced run together, keeps the tokens AR
+itself would have chosen at those rows, and chooses the next free token from the last row.
+
 Token bookkeeping: `tokens` holds every committed token (prompt + output). The last one, the
 "staged" token, was chosen by the target but not yet fed to it; everything before it is in
 the target cache (`fed == len(tokens) - 1`).
@@ -21,7 +26,7 @@ from .api import CycleRecord, Mode
 from .draft_context import DraftContext, DraftWindow
 from .drafter import DFlashDrafter
 from .sampling.logprobs import RawLogprob, token_logprobs
-from .selection import GreedyChooser, TokenChooser
+from .selection import GreedyChooser, Proposal, TokenChooser
 from .sparse import Lineage, SparseLineageError, SparseSelection
 from .state import SessionState, export_cache, restore_cache
 from .targets.base import TargetAdapter, cache_offset
@@ -55,6 +60,7 @@ class GenerationSession:
         proposer: Proposer | None = None,
         chooser: TokenChooser | None = None,
         logprobs: int | None = None,
+        ar_forced_limit: int = 15,
     ):
         self.target = target
         self.drafter = drafter
@@ -68,6 +74,9 @@ class GenerationSession:
         # None: no log-probabilities; n: each emitted token's and the n most likely.
         self.logprobs = logprobs
         self.first_logprobs: list[RawLogprob] = []
+        # Longest forced run an AR step feeds in one forward (16 rows, the largest verify
+        # block); 0 decodes forced tokens one step each, as AR did before jump-forward.
+        self.ar_forced_limit = ar_forced_limit
         self.tokens: list[int] = []
         self.fed = 0
         self.cycles = 0
@@ -200,6 +209,10 @@ class GenerationSession:
 
     def _ar_step(self, stop_check: StopCheck) -> StepResult:
         t0 = time.perf_counter()
+        if self.ar_forced_limit > 0:
+            proposal = self.chooser.forced(self.ar_forced_limit)
+            if proposal is not None:
+                return self._ar_forced_run(proposal, stop_check, t0)
         res = self.target.forward(
             mx.array([[self.staged]]), self.cache, self.capture, position_shift=self.position_shift
         )
@@ -215,6 +228,41 @@ class GenerationSession:
         self.chooser.commit([token])
         logprobs = self._logprobs(self.last_logits[None], [token])
         return self._finish_step("ar", 1, 0, 0, [token], end, 0.0, t1 - t0, 0.0, logprobs)
+
+    def _ar_forced_run(self, proposal: Proposal, stop_check: StopCheck, t0: float) -> StepResult:
+        """AR over a grammar-forced run of k tokens in one forward: feed the staged token and
+        the run (k + 1 rows, like a verify block with no drafter), keep what AR would choose
+        at each row (`choose_run`), so the output is that of k + 1 one-token steps. A stop
+        inside the run keeps nothing after it (K/V, recurrent state, drafter features)."""
+        run = proposal.tokens
+        k = int(run.shape[0])
+        res = self.target.forward(
+            mx.concatenate([mx.array([[self.staged]]), run[None].astype(mx.int32)], axis=1),
+            self.cache,
+            self.capture,
+            keep_tape=True,
+            position_shift=self.position_shift,
+        )
+        verdict = self.chooser.choose_run(proposal, res.logits[0])
+        t1 = time.perf_counter()
+        committed = verdict.tokens
+        end = stop_check(committed)
+        if end is not None:
+            committed = committed[: end + 1]
+        keep = len(committed)  # rows fed: the staged token + every committed token but the last
+        self.last_logits = res.logits[0, keep - 1]
+        self.target.rollback(self.cache, res, keep)
+        if self.draft_ctx is not None and res.features is not None:
+            self.draft_ctx.add_features(res.features[:, :keep])
+        self.fed += keep
+        self.tokens.extend(committed)
+        self.chooser.commit(committed)
+        t2 = time.perf_counter()
+        logprobs = self._logprobs(res.logits[0], committed)
+        # No drafter ran and nothing was drafted: `forced` says how long the fed run was.
+        return self._finish_step(
+            "ar", k + 1, 0, 0, committed, end, 0.0, t1 - t0, t2 - t1, logprobs, forced=k
+        )
 
     def _spec_cycle(self, block_size: int, stop_check: StopCheck) -> StepResult:
         t0 = time.perf_counter()

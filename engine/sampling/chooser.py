@@ -100,6 +100,26 @@ class SamplingChooser:
         kept = (draft_list or host_ints(draft))[:accepted]
         return Verdict(accepted, kept + [host_int(token_arr)])
 
+    def choose_run(self, proposal: Proposal, target_logits: mx.array) -> Verdict:
+        # Row i is drawn as the AR step at output position `position + i` would draw it
+        # (same processed row, same CHOOSE key), so the result is token for token AR's.
+        draft = host_ints(proposal.tokens)
+        rows = target_logits
+        if self.processors:
+            rows = apply_processors(self.processors, rows, draft)[0]
+        w = weights(shape_logits(rows, self.shaping))
+        draws = mx.concatenate(
+            [
+                sample(w[i : i + 1], self.keys.key(CHOOSE, self.position + i))
+                for i in range(int(w.shape[0]))
+            ]
+        )
+        choice = host_ints(draws)
+        accepted = 0
+        while accepted < len(draft) and choice[accepted] == draft[accepted]:
+            accepted += 1
+        return Verdict(accepted, draft[:accepted] + [choice[accepted]])
+
     def commit(self, tokens: Sequence[int]) -> None:
         self.position += len(tokens)
         for p in self.processors:

@@ -353,8 +353,8 @@ def test_hybrid_pair_constrained_spec_equals_ar() -> None:
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_generation_stats_carry_the_constraint_figures(engine: Any, temperature: float) -> None:
     """`DFlashEngine.generate` reports the chooser's constraint figures in GenerationStats: AR
-    masks one row per token and drafts nothing; spec checks drafts and forces the call's
-    fixed stretches; an unconstrained request reports None."""
+    masks one row per fed token, drafts nothing and feeds forced runs in one forward; spec checks
+    drafts and forces the call's fixed stretches; an unconstrained request reports None."""
     from toolflash.engine.api import FinishEvent, SamplingParams
 
     prompt = engine.encode_chat(
@@ -372,8 +372,11 @@ def test_generation_stats_carry_the_constraint_figures(engine: Any, temperature:
         finish = [e for e in engine.generate(req) if isinstance(e, FinishEvent)][0]
         stats[mode] = finish.stats
     ar = stats["ar"].constraint
-    assert ar is not None and ar.drafted == 0 and ar.forced_runs == 0
-    assert ar.mask_rows == 1 + len(stats["ar"].cycles) and ar.mask_s > 0
+    assert ar is not None and ar.drafted == 0
+    jumps = [c for c in stats["ar"].cycles if c.forced]
+    assert ar.forced_runs == len(jumps) >= 1
+    assert ar.forced_tokens == sum(c.forced for c in jumps)
+    assert ar.mask_rows == 1 + sum(c.block_size for c in stats["ar"].cycles) and ar.mask_s > 0
     spec = stats["spec"].constraint
     assert spec is not None and spec.forced_runs >= 1
     assert spec.forced_tokens >= len(engine.encode('<tool_call>\n{"name": "get_weather"'))

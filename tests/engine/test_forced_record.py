@@ -48,6 +48,13 @@ def test_forced_cycles_are_marked_and_match_the_constraint_figures(engine: Any) 
     # A drafted cycle shorter than the block was cut by the grammar, and says so.
     for c in spec.cycles:
         assert c.draft_cut == (c.forced == 0 and c.block_size < 16)
-    # AR never takes forced runs; unconstrained spec has none.
-    assert all(c.forced == 0 for c in _stats(engine, "ar", constraint).cycles)
+    # AR takes the same forced runs (jump-forward): one forward each, nothing drafted.
+    ar = _stats(engine, "ar", constraint)
+    jumps = [c for c in ar.cycles if c.forced]
+    assert ar.constraint is not None and len(jumps) == ar.constraint.forced_runs >= 1
+    assert sum(c.forced for c in jumps) == ar.constraint.forced_tokens
+    for c in jumps:
+        assert c.mode == "ar" and c.drafted == 0 and c.block_size == c.forced + 1
+    assert all(c.block_size == 1 and c.committed == 1 for c in ar.cycles if not c.forced)
+    # Unconstrained spec has none.
     assert all(c.forced == 0 for c in _stats(engine, "spec", None).cycles)
