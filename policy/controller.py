@@ -287,13 +287,15 @@ class PolicyController:
         mode = record.mode
         # A cycle cut short by max_tokens ran a smaller block than decided: not comparable.
         full = mode == "ar" or record.block_size == self.arm[1]
-        if seconds > 0 and mode == "spec" and record.forced > 0:
-            # A grammar-forced run: no drafter, one verify of the fixed stretch (shorter than
-            # the block). Not a measure of the drafter's tau or of a block's cycle time, but
-            # part of what the spec arm delivers here: AR steps never take forced runs (they
-            # commit forced tokens one step each, at the AR rate), so the spec arm's estimate
-            # mixes these cycles in at their measured share (Estimates.with_forced).
-            self.est.observe_forced(self.model_id, self.label, span, record.committed, seconds)
+        if seconds > 0 and record.forced > 0:
+            # A grammar-forced run: no drafter, one forward of the fixed stretch (a spec cycle
+            # shorter than the block, or an AR step that committed the run and one more token).
+            # Not a measure of the drafter's tau, a block's cycle time or a one-token AR step,
+            # but part of what either arm delivers here: each arm's estimate mixes its forced
+            # runs in at their measured share (Estimates.with_forced, Estimates.ar).
+            self.est.observe_forced(
+                self.model_id, self.label, span, record.committed, seconds, mode
+            )
         elif (
             seconds > 0
             and mode == "spec"
@@ -331,7 +333,8 @@ class PolicyController:
                     rule.block_sizes,
                 )
             elif mode == "ar":
-                self.est.observe_ar(self.model_id, seconds, record.context_len)
+                scope = (self.model_id, self.label, span)
+                self.est.observe_ar(self.model_id, seconds, record.context_len, scope)
         self._ticks[span] = self._ticks.get(span, 0) + 1
         # Counted here, published to the process-wide counters once, at `finish`.
         key = (span, mode)
@@ -347,7 +350,7 @@ class PolicyController:
 
     def _throughput(self, arm: Arm, span: str) -> Throughput:
         if arm[0] == "ar":
-            return self.est.ar(self.model_id, self.context)
+            return self.est.ar(self.model_id, self.context, self.label, span)
         tps, _ = self.est.spec(self.model_id, self.label, span, arm[1], self.context)
         return tps
 

@@ -12,13 +12,15 @@ Tau is also pooled per span kind over all classes (label `*`) and over everythin
 class or span seen for the first time starts from the pool as a prior (worth at most
 `PRIOR_SAMPLES` samples, and reported with 0 own samples, so it is still probed).
 
-Grammar-forced cycles (a constraint fixed the next tokens, the drafter did not run and the stretch
-was verified in one forward: `CycleRecord.forced`) are learned apart, per (model, class, span): the
-share of spec-committed tokens they commit, and their seconds and tokens per cycle. They never feed
-tau or the cycle timing (they are no measure of the drafter, and are shorter than the block), but
-they do count for the spec arm: only a speculative session takes forced runs (an AR step commits a
-forced token like any other, one step each), so spec seconds per token mix drafted and forced
-cycles in their measured shares (`with_forced`).
+Grammar-forced runs (a constraint fixed the next tokens and the stretch was fed to the target in
+one forward, without the drafter: `CycleRecord.forced`) are learned apart, per (model, class,
+span): per mode, the share of that mode's committed tokens they commit, and (shared by both
+modes: the same forward either way) their seconds and tokens per run. They never feed tau, the
+spec cycle timing or the AR step timing (they are no measure of the drafter, are shorter than
+the block, and commit several tokens per AR step); a spec cycle and an AR step ("jump-forward")
+both take forced runs, so each arm's seconds per token mix its plain cycles or steps with the
+forced runs in its measured share (`with_forced`, `ar` with a scope). Throughput is always
+committed tokens per second: an AR step that committed a run counts all its tokens.
 
 Every estimate is an exponentially decayed mean with variance: each new sample multiplies the old
 weight by `sample_decay`, and weight also halves every `half_life_s` seconds of the injected clock,
@@ -209,6 +211,9 @@ class Estimates:
         self.forced_tokens: dict[ScopeKey, Stat] = {}
         self.forced_s: dict[ScopeKey, Stat] = {}
         self.forced_n: dict[ScopeKey, Stat] = {}
+        # The same share for AR: tokens of every AR step, and of those that took a forced run.
+        self.ar_tokens: dict[ScopeKey, Stat] = {}
+        self.ar_forced_tokens: dict[ScopeKey, Stat] = {}
 
     def bucket(self, context_len: int) -> int:
         return context_bucket(context_len, self.smallest_bucket)
@@ -242,15 +247,24 @@ class Estimates:
                 self._add(self.tau, (model, POOL, POOL, b), x, now)
 
     def observe_forced(
-        self, model: str, label: str, span: str, committed: int, seconds: float
+        self,
+        model: str,
+        label: str,
+        span: str,
+        committed: int,
+        seconds: float,
+        mode: str = "spec",
     ) -> None:
-        """One grammar-forced spec cycle: `committed` tokens (the forced run and the target's
-        token after it) in `seconds`, without a drafter run."""
+        """One grammar-forced run, a spec cycle or (`mode` "ar") an AR step: `committed` tokens
+        (the forced run and the target's token after it) in `seconds`, without a drafter run."""
         if committed <= 0:
             return
         now = self.clock()
         key = (model, label, span)
-        self._add_share(key, float(committed), float(committed), now)
+        if mode == "ar":
+            self._add_ar_share(key, float(committed), float(committed), now)
+        else:
+            self._add_share(key, float(committed), float(committed), now)
         self._add(self.forced_s, key, seconds, now, True)
         self._add(self.forced_n, key, float(committed), now)
 
@@ -258,9 +272,20 @@ class Estimates:
         self._add(self.spec_tokens, key, committed, now)
         self._add(self.forced_tokens, key, forced, now)
 
-    def observe_ar(self, model: str, seconds: float, context_len: int) -> None:
-        """One target-only step that took `seconds`."""
-        self._add(self.ar_s, (model, self.bucket(context_len)), seconds, self.clock(), True)
+    def _add_ar_share(self, key: ScopeKey, committed: float, forced: float, now: float) -> None:
+        self._add(self.ar_tokens, key, committed, now)
+        self._add(self.ar_forced_tokens, key, forced, now)
+
+    def observe_ar(
+        self, model: str, seconds: float, context_len: int, scope: ScopeKey | None = None
+    ) -> None:
+        """One target-only step of one token that took `seconds` (an AR step that took a
+        forced run goes to `observe_forced`). `scope` (model, class, span) also counts its
+        token for the AR forced share there."""
+        now = self.clock()
+        self._add(self.ar_s, (model, self.bucket(context_len)), seconds, now, True)
+        if scope is not None:
+            self._add_ar_share(scope, 1.0, 0.0, now)
 
     def _add(self, table: dict, key: tuple, x: float, now: float, clip: bool = False) -> None:
         stat = table.get(key)
@@ -271,12 +296,20 @@ class Estimates:
         stat.add(x, now, self.sample_decay, self.half_life_s)
 
     # -- reads --------------------------------------------------------------------------------
-    def ar(self, model: str, context_len: int) -> Throughput:
-        """AR tokens/s at this context length."""
+    def ar(
+        self, model: str, context_len: int, label: str | None = None, span: str | None = None
+    ) -> Throughput:
+        """AR tokens/s at this context length: one-token steps only, or, for a class and span,
+        with the forced runs AR steps took there mixed in at their measured share."""
         stat = self._near(self.ar_s, model, (), self.bucket(context_len))
         if stat is None:
             return UNKNOWN
-        return self._rate(1.0, 0.0, stat, self.clock())
+        plain = self._rate(1.0, 0.0, stat, self.clock())
+        if label is None or span is None:
+            return plain
+        key = (model, label, span)
+        # An AR step feeds the whole run (up to 16 rows): one forced step per measured run.
+        return self._mix_forced(key, _share(self.ar_tokens, self.ar_forced_tokens, key), 1.0, plain)
 
     def spec(
         self, model: str, label: str, span: str, block_size: int, context_len: int
@@ -302,11 +335,11 @@ class Estimates:
 
     def forced_share(self, model: str, label: str, span: str) -> float:
         """Share of spec-committed tokens that forced cycles committed here (0.0 unknown)."""
-        total = self.spec_tokens.get((model, label, span))
-        forced = self.forced_tokens.get((model, label, span))
-        if total is None or forced is None or total.s1 <= 0:
-            return 0.0
-        return min(max(forced.s1 / total.s1, 0.0), 1.0)
+        return _share(self.spec_tokens, self.forced_tokens, (model, label, span))
+
+    def ar_forced_share(self, model: str, label: str, span: str) -> float:
+        """Share of AR-committed tokens that AR steps with a forced run committed here."""
+        return _share(self.ar_tokens, self.ar_forced_tokens, (model, label, span))
 
     def with_forced(
         self, model: str, label: str, span: str, block_size: int, drafted: Throughput
@@ -317,23 +350,30 @@ class Estimates:
         target's one, so runs measured at a larger block take proportionally more cycles at
         a smaller one. Unchanged where nothing forced was measured."""
         key = (model, label, span)
-        phi = self.forced_share(model, label, span)
-        secs, toks = self.forced_s.get(key), self.forced_n.get(key)
-        if not drafted.known or phi <= 0 or secs is None or toks is None or toks.mean <= 0:
+        toks = self.forced_n.get(key)
+        if toks is None or toks.mean <= 0:
             return drafted
         cycles = max(1.0, toks.mean / block_size)  # cycles per measured forced cycle
+        return self._mix_forced(key, self.forced_share(model, label, span), cycles, drafted)
+
+    def _mix_forced(self, key: ScopeKey, phi: float, cycles: float, base: Throughput) -> Throughput:
+        """`base` (tokens/s of plain cycles or steps) with a share `phi` of the tokens from
+        forced runs, each taking `cycles` forwards of the measured forced-run time."""
+        secs, toks = self.forced_s.get(key), self.forced_n.get(key)
+        if not base.known or phi <= 0 or secs is None or toks is None or toks.mean <= 0:
+            return base
         forced_spt = secs.mean * cycles / toks.mean
-        drafted_spt = 1.0 / drafted.tps
-        spt = (1.0 - phi) * drafted_spt + phi * forced_spt
+        base_spt = 1.0 / base.tps
+        spt = (1.0 - phi) * base_spt + phi * forced_spt
         tps = 1.0 / spt
-        # The drafted part carries its relative error in proportion to its share of the time;
+        # The plain part carries its relative error in proportion to its share of the time;
         # the forced part adds its own timing noise (floored like every timing).
         n = max(secs.effective(self.clock(), self.half_life_s), 1e-9)
         forced_rel = math.sqrt(max(secs.var, (_TIME_REL_FLOOR * secs.mean) ** 2) / n) / secs.mean
-        d_share = (1.0 - phi) * drafted_spt / spt
+        d_share = (1.0 - phi) * base_spt / spt
         f_share = phi * forced_spt / spt
-        rel = math.hypot(d_share * drafted.std / drafted.tps, f_share * forced_rel)
-        return Throughput(tps, tps * rel, drafted.samples)
+        rel = math.hypot(d_share * base.std / base.tps, f_share * forced_rel)
+        return Throughput(tps, tps * rel, base.samples)
 
     def measured_tau(self, model: str, label: str, span: str, block_size: int) -> float | None:
         """Tau measured for exactly this class and span (no prior), or None."""
@@ -346,7 +386,7 @@ class Estimates:
         self, model: str, label: str, span: str, block_size: int, context_len: int
     ) -> Surplus:
         spec, tau = self.spec(model, label, span, block_size, context_len)
-        return Surplus(spec, self.ar(model, context_len), tau, block_size)
+        return Surplus(spec, self.ar(model, context_len, label, span), tau, block_size)
 
     def _rate(
         self, tokens: float, tokens_se: float, stat: Stat, now: float, n_tokens: float = math.inf
@@ -387,7 +427,7 @@ class Estimates:
         """Merge persisted estimates (replacing same keys); returns how many were loaded.
         Raises ValueError on a malformed document."""
         parsed: dict[str, dict] = {}
-        # Files from before forced runs were learned lack their tables: those stay empty.
+        # Files from before forced runs (or AR's) were learned lack their tables: those stay empty.
         for name, kinds in _TABLES.items():
             rows = data.get(name, [])
             if not isinstance(rows, list):
@@ -420,4 +460,14 @@ _TABLES: dict[str, tuple[type, ...]] = {
     "forced_tokens": (str, str, str),
     "forced_s": (str, str, str),
     "forced_n": (str, str, str),
+    "ar_tokens": (str, str, str),
+    "ar_forced_tokens": (str, str, str),
 }
+
+
+def _share(total: dict[ScopeKey, Stat], part: dict[ScopeKey, Stat], key: ScopeKey) -> float:
+    """The decayed share part / total at `key` (0.0 unknown): both sums get every sample."""
+    t, f = total.get(key), part.get(key)
+    if t is None or f is None or t.s1 <= 0:
+        return 0.0
+    return min(max(f.s1 / t.s1, 0.0), 1.0)
