@@ -209,6 +209,8 @@ def _stable_prefix(
     template_kwargs: dict[str, Any],
     tokens: list[int],
 ) -> tuple[int, ...]:
+    # `tokens` is the engine's last encode_chat result: the real engine reads the prefix
+    # length off that tokenization instead of tokenizing the prefix again (~10 ms at 10k).
     n = engine.stable_prefix(messages, tools, template_kwargs, tokens)
     return (n,) if n > 0 else ()
 
