@@ -357,7 +357,17 @@ def _fast_backend(tokenizer: Any) -> Any:
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is None or not callable(getattr(backend, "get_added_tokens_decoder", None)):
         return None
-    return backend
+    # Only where it tokenizes exactly as the wrapper's `encode` (a wrapper could add its own
+    # handling): checked once on text with added tokens, spaces and non-ASCII.
+    added = " ".join(t.content for t in backend.get_added_tokens_decoder().values())
+    probe = f"{added}\n  héllo, 世界 🙂\n\n{added}x  "
+    try:
+        same = list(backend.encode(probe, add_special_tokens=False).ids) == list(
+            tokenizer.encode(probe, add_special_tokens=False)
+        )
+    except Exception:  # any tokenizer that cannot: keep tokenizing through `encode`
+        return None
+    return backend if same else None
 
 
 def tool_call_format_of(template: str) -> str:

@@ -124,3 +124,20 @@ def test_other_prompts_and_inexact_boundaries_tokenize_the_prefix(engine: Any) -
     assert engine._prefix_from_offsets(text[:-3], prompt) is None
     assert engine._prefix_from_offsets(text[:-1] + "x", prompt) is None
     assert engine._prefix_from_offsets(text[:10], prompt[:-1]) is None
+
+
+def test_a_wrapper_that_tokenizes_differently_keeps_two_tokenizations(engine: Any) -> None:
+    from toolflash.engine.service import _fast_backend
+
+    class Shifted:
+        """A wrapper whose `encode` is not its backend's (e.g. its own preprocessing)."""
+
+        def __init__(self, inner: Any) -> None:
+            self._tokenizer = inner._tokenizer
+            self.inner = inner
+
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return list(self.inner.encode(" " + text, add_special_tokens=add_special_tokens))
+
+    assert _fast_backend(engine.tokenizer) is not None
+    assert _fast_backend(Shifted(engine.tokenizer)) is None
