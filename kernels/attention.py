@@ -4,12 +4,22 @@ On the CPU, `mx.exp` costs about 10-12 ns per element (scalar libm), against ~0.
 multiply, so attention's softmax dominates long-context prefill and the speculative verify
 (16 queries x the whole context x every head and layer). Here softmax inputs (already shifted
 so the row maximum is 0) go through `exp_nonpositive`: a degree-10 Taylor polynomial of
-exp(x / 64) raised to the 64th power by six squarings, compiled into one elementwise kernel;
-about 5x faster than `mx.exp` on cache-resident blocks, relative error below 1e-5.
+exp(x / 64) raised to the 64th power by six squarings, compiled into elementwise kernels (MLX
+fuses chains up to 11 ops deep, so the 28 ops run as three kernels over cache-resident data);
+about 4-5x faster than `mx.exp` on cache-resident blocks, relative error below 2e-5.
 
-`reference_attention` is the same computation with `mx.exp`; `attention` matches
+`attention` works on blocks of query rows (scores that stay in cache) and never touches more
+of the [rows x keys] score matrix than it must: for mlx-lm's "causal" mask (the queries are the
+last keys), a block sees every key before its first query unmasked and only its own R x R
+diagonal needs a mask, so no mask array is built and the keys after the block are skipped;
+`exp_shifted` subtracts the row maximum inside the exponential's kernel; the [rows x D] output is
+divided by the row sums instead of the probabilities, and long chunks get those sums from the
+P @ V matmul through a column of ones appended to V. `baseline_attention` is the previous
+blocked kernel (full mask, softmax, then P @ V), kept for the benchmark's side-by-side.
+
+`reference_attention` is the plain computation with `mx.exp`; `attention` matches
 `mx.fast.scaled_dot_product_attention` (what mlx-lm calls) to float32 rounding, and the
-parity tests pin both. GPUs keep MLX's fused kernel (see `attention_for_device`).
+parity tests pin both. GPUs keep MLX's fused kernel (see `fast_attention_enabled`).
 """
 
 from __future__ import annotations
@@ -29,17 +39,28 @@ _FLOOR = -87.0  # exp(-87) ~ 1.6e-38, the float32 normal range; masked scores en
 Attention = Callable[..., mx.array]
 
 
-@mx.compile
-def exp_nonpositive(x: mx.array) -> mx.array:
-    """exp(x) for x <= 0 (softmax inputs after subtracting the row maximum); -inf and
-    anything below -87 give ~1e-38, which a softmax row sum never notices."""
+def _exp_poly(x: mx.array) -> mx.array:
     y = mx.maximum(x, _FLOOR) * (1.0 / 2**_SQUARINGS)
-    p = mx.full(y.shape, _COEFFS[_DEGREE], dtype=y.dtype)
-    for c in reversed(_COEFFS[:_DEGREE]):
+    p = y * _COEFFS[_DEGREE] + _COEFFS[_DEGREE - 1]
+    for c in reversed(_COEFFS[: _DEGREE - 1]):
         p = p * y + c
     for _ in range(_SQUARINGS):
         p = p * p
     return p
+
+
+@mx.compile
+def exp_nonpositive(x: mx.array) -> mx.array:
+    """exp(x) for x <= 0 (softmax inputs after subtracting the row maximum); -inf and
+    anything below -87 give ~1e-38, which a softmax row sum never notices."""
+    return _exp_poly(x)
+
+
+@mx.compile
+def exp_shifted(s: mx.array, m: mx.array) -> mx.array:
+    """exp(s - m) with m >= s (the row maximum, broadcast): the subtraction rides in the same
+    elementwise kernel as the polynomial, one pass over the scores instead of two."""
+    return _exp_poly(s - m)
 
 
 def _softmax(scores: mx.array, exp: Callable[[mx.array], mx.array]) -> mx.array:
@@ -61,6 +82,22 @@ def _scores_mask(mask: Any, n_queries: int, n_keys: int) -> mx.array | None:
     return mask
 
 
+def _grouped_mask(m: mx.array, n_heads: int, rep: int, n_q: int, n_k: int) -> mx.array:
+    """A [B, H, L, S] mask (as mlx-lm builds it) split like the grouped queries."""
+    if m.ndim == 4:
+        return m.reshape(m.shape[0], -1, rep if m.shape[1] == n_heads else 1, n_q, n_k)
+    return m
+
+
+def _masked(scores: mx.array, m: mx.array) -> mx.array:
+    """Scores with a boolean (True = attend) or additive mask applied. Boolean-masked scores
+    become the dtype's lowest finite value, not -inf, so a row with no visible key softmaxes
+    to uniform weights (what MLX's fused kernel returns) instead of 0/0."""
+    if m.dtype == mx.bool_:
+        return mx.where(m, scores, mx.array(mx.finfo(scores.dtype).min, dtype=scores.dtype))
+    return scores + m
+
+
 def _attention(
     q: mx.array,
     k: mx.array,
@@ -69,6 +106,8 @@ def _attention(
     mask: Any,
     exp: Callable[[mx.array], mx.array],
 ) -> mx.array:
+    """The plain computation (full mask, softmax, then P @ V): the reference, and the
+    previous fast path that the benchmark compares against."""
     b, n_heads, n_q, dim = q.shape
     n_kv = int(k.shape[1])
     rep = n_heads // n_kv
@@ -79,14 +118,62 @@ def _attention(
     scores = (qg @ k.swapaxes(-1, -2)).reshape(b, n_kv, rep, n_q, n_k)
     m = _scores_mask(mask, n_q, n_k)
     if m is not None:
-        if m.ndim == 4:  # [B, H, L, S] as mlx-lm builds it: split H like the queries
-            m = m.reshape(m.shape[0], -1, rep if m.shape[1] == n_heads else 1, n_q, n_k)
-        if m.dtype == mx.bool_:
-            scores = mx.where(m, scores, mx.array(-mx.inf, dtype=scores.dtype))
-        else:
-            scores = scores + m
+        scores = _masked(scores, _grouped_mask(m, n_heads, rep, n_q, n_k))
     probs = _softmax(scores.reshape(b, n_kv, rep * n_q, n_k), exp).astype(v.dtype)
     return (probs @ v).reshape(b, n_heads, n_q, -1)
+
+
+def _grouped_rows(q: mx.array, n_kv: int, scale: float) -> mx.array:
+    """q [B, H, L, D] scaled, as [B, H_kv, rep * L, D]: the query heads that share a KV head
+    become extra query rows of it (grouped-query attention without repeating K/V)."""
+    b, n_heads, n_q, dim = q.shape
+    return (q * scale).reshape(b, n_kv, (n_heads // n_kv) * n_q, dim)
+
+
+def _fused_block(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any) -> mx.array:
+    """One block of rows with any mask (None or an array aligned with these rows): the
+    exponential takes the row maximum in its kernel, and the [rows x D] output is divided by
+    the row sums instead of the [rows x keys] probabilities."""
+    b, n_heads, n_q, _ = q.shape
+    n_kv = int(k.shape[1])
+    rep = n_heads // n_kv
+    n_k = int(k.shape[2])
+    scores = _grouped_rows(q, n_kv, scale) @ k.swapaxes(-1, -2)
+    if mask is not None:
+        m = _grouped_mask(mask, n_heads, rep, n_q, n_k)
+        scores = _masked(scores.reshape(b, n_kv, rep, n_q, n_k), m).reshape(b, n_kv, -1, n_k)
+    e = exp_shifted(scores, mx.max(scores, axis=-1, keepdims=True))
+    out = (e.astype(v.dtype) @ v) / mx.sum(e, axis=-1, keepdims=True).astype(v.dtype)
+    return out.reshape(b, n_heads, n_q, -1)
+
+
+def _causal_block(
+    qg: mx.array, k: mx.array, v: mx.array, visible: int, tri: mx.array, rep: int, dim: int
+) -> mx.array:
+    """Grouped query rows qg [B, H_kv, rep * R, D] at positions visible .. visible + R - 1,
+    against keys 0 .. visible + R - 1: the first `visible` keys are seen by every row (no
+    mask), the last R form the causal diagonal (masked with `tri`, R x R). Both parts share
+    one row maximum, so the result is one softmax, summed in two pieces. `v` may carry a
+    column of ones after its `dim` values (then P @ V yields the row sums too)."""
+    b, n_kv, n_rows, _ = qg.shape
+    r = n_rows // rep
+    diag = slice(visible, visible + r)
+    s2 = qg @ k[:, :, diag].swapaxes(-1, -2)
+    s2 = _masked(s2.reshape(b, n_kv, rep, r, r), tri).reshape(b, n_kv, n_rows, r)
+    row_max = mx.max(s2, axis=-1, keepdims=True)
+    if visible:
+        s1 = qg @ k[:, :, :visible].swapaxes(-1, -2)
+        row_max = mx.maximum(row_max, mx.max(s1, axis=-1, keepdims=True))
+        e1, e2 = exp_shifted(s1, row_max), exp_shifted(s2, row_max)
+        out = e1 @ v[:, :, :visible] + e2 @ v[:, :, diag]
+        if v.shape[-1] > dim:
+            return out[..., :dim] / out[..., dim:]
+        return out / (mx.sum(e1, axis=-1, keepdims=True) + mx.sum(e2, axis=-1, keepdims=True))
+    e2 = exp_shifted(s2, row_max)
+    out = e2 @ v[:, :, diag]
+    if v.shape[-1] > dim:
+        return out[..., :dim] / out[..., dim:]
+    return out / mx.sum(e2, axis=-1, keepdims=True)
 
 
 # Score elements per query block (1 MB of float32): a block's scores stay in L2 through the softmax
@@ -95,19 +182,74 @@ _BLOCK_ELEMENTS = 1 << 18
 _MIN_BLOCK_ROWS = 16
 # Below this many scores per head the fused kernel is as fast (measured on a 2-core x86 CPU).
 _SMALL = 256
+# From this many queries on, the row sums come from P @ [V | 1] (one extra output column of the
+# matmul that reads P anyway) instead of a separate pass over P; fewer queries do not repay the
+# copy of V that appending the column costs.
+_ONES_COLUMN_QUERIES = 64
+
+
+def _block_rows(b: int, n_heads: int, n_k: int) -> int:
+    return max(_MIN_BLOCK_ROWS, _BLOCK_ELEMENTS // max(1, b * n_heads * n_k))
+
+
+def _causal_attention(q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
+    """ "causal" with the queries at the end of the keys (n_q <= n_k): blocks of query rows,
+    each against only the keys it can see; no [rows x keys] mask is built or applied."""
+    b, n_heads, n_q, dim = q.shape
+    n_kv = int(k.shape[1])
+    rep = n_heads // n_kv
+    n_k = int(k.shape[2])
+    past = n_k - n_q
+    if v.dtype != q.dtype:
+        v = v.astype(q.dtype)
+    if n_q >= _ONES_COLUMN_QUERIES:
+        v = mx.concatenate([v, mx.ones((*v.shape[:-1], 1), dtype=v.dtype)], axis=-1)
+    rows = min(n_q, _block_rows(b, n_heads, n_k))
+    tri = mx.tril(mx.ones((rows, rows), dtype=mx.bool_))
+    outs = []
+    for start in range(0, n_q, rows):
+        stop = min(start + rows, n_q)
+        qg = _grouped_rows(q[:, :, start:stop], n_kv, scale)
+        t = tri if stop - start == rows else tri[: stop - start, : stop - start]
+        outs.append(_causal_block(qg, k, v, past + start, t, rep, dim).reshape(b, n_heads, -1, dim))
+    return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any = None) -> mx.array:
     """Softmax(q k^T * scale + mask) v with the fast exponential. q [B, H, L, D];
     k, v [B, H_kv, S, D] (H a multiple of H_kv); mask None, "causal" or an array.
     Long query runs (prefill chunks) go in blocks of rows so each block's scores fit in
-    cache; rows are independent, so blocking does not change the result."""
+    cache; rows are independent, so blocking does not change the result. "causal" with
+    L <= S takes the split path (unmasked past + masked diagonal); other masks are applied
+    to each block's rows."""
     b, n_heads, n_q, _ = q.shape
     n_k = int(k.shape[2])
     if n_q * n_k < _SMALL:  # one query over a short context: the fused call's lower overhead wins
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-    # Never split a verify block: its few rows are faster in one piece than in cache-sized ones.
-    rows = max(_MIN_BLOCK_ROWS, _BLOCK_ELEMENTS // max(1, b * n_heads * n_k))
+    if isinstance(mask, str) and mask == "causal" and n_q <= n_k:
+        return _causal_attention(q, k, v, scale)
+    rows = _block_rows(b, n_heads, n_k)
+    if n_q <= rows:
+        return _fused_block(q, k, v, scale, _scores_mask(mask, n_q, n_k))
+    full = _scores_mask(mask, n_q, n_k)
+    outs = []
+    for start in range(0, n_q, rows):
+        stop = min(start + rows, n_q)
+        part = None if full is None else full[..., start:stop, :]
+        outs.append(_fused_block(q[:, :, start:stop], k, v, scale, part))
+    return mx.concatenate(outs, axis=2)
+
+
+def baseline_attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any = None
+) -> mx.array:
+    """The previous kernel (full mask per block, softmax, then P @ V), kept so the benchmark
+    can show both side by side."""
+    b, n_heads, n_q, _ = q.shape
+    n_k = int(k.shape[2])
+    if n_q * n_k < _SMALL:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    rows = _block_rows(b, n_heads, n_k)
     if n_q <= rows:
         return _attention(q, k, v, scale, mask, exp_nonpositive)
     full = _scores_mask(mask, n_q, n_k)
