@@ -122,10 +122,12 @@ class GenerationRequest:
 class CycleRecord:
     """What one decode cycle did. An AR step is a cycle of block size 1 that drafted nothing.
 
-    `forced`: how many of the `drafted` tokens an output constraint forced (the drafter did not
-    run; the grammar-fixed stretch was verified in one forward, so `block_size` is the run
-    length + 1, usually shorter than the block the caller asked for). 0 for drafted cycles and
-    AR steps (an AR step never takes forced runs). `draft_cut`: a drafted proposal the constraint
+    `forced`: how many tokens of this cycle an output constraint forced. In spec mode they are
+    the cycle's `drafted` tokens (the drafter did not run; the grammar-fixed stretch was verified
+    in one forward, so `block_size` is the run length + 1, usually shorter than the block the
+    caller asked for). In AR mode a jump-forward step feeds the staged token plus the forced run
+    in one forward (`block_size` = run + 1, `drafted` = `accepted` = 0). 0 for drafted cycles
+    and one-token AR steps. `draft_cut`: a drafted proposal the constraint
     ended before the block was full (the grammar allowed nothing further, e.g. after a closed
     call), so `block_size` is smaller than asked although the block was not limited."""
 

@@ -1,6 +1,6 @@
 """Grammar-forced cycles (`CycleRecord.forced`) in the estimates: they never feed the drafter's tau or
-a block's cycle time, and they count for the spec arm at their measured share of its tokens (only
-spec takes forced runs: AR commits forced tokens one step each)."""
+a block's cycle time, and they count for the spec arm at their measured share of its tokens (AR
+jump-forward runs are learned separately, see test_ar_forced_accounting.py)."""
 
 from __future__ import annotations
 
