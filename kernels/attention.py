@@ -7,6 +7,8 @@ so the row maximum is 0) go through `exp_nonpositive`: a degree-10 Taylor polyno
 exp(x / 64) raised to the 64th power by six squarings, compiled into elementwise kernels (MLX
 fuses chains up to 11 ops deep, so the 28 ops run as three kernels over cache-resident data);
 about 4-5x faster than `mx.exp` on cache-resident blocks, relative error below 2e-5.
+`attention` uses `exp_shifted` instead: the row maximum subtracted in the same kernel and a
+degree-6 Chebyshev fit with seven squarings (two kernels, about 2x faster again).
 
 `attention` works on blocks of query rows (scores that stay in cache) and never touches more
 of the [rows x keys] score matrix than it must: for mlx-lm's "causal" mask (the queries are the
@@ -49,18 +51,44 @@ def _exp_poly(x: mx.array) -> mx.array:
     return p
 
 
+# exp_shifted's polynomial: the degree-6 Chebyshev interpolant of exp on [-87/128, 0]
+# (numpy.polynomial.Chebyshev.interpolate(np.exp, 6, domain=[-87 / 128, 0]) in the power basis),
+# raised to the 128th power by seven squarings. Its chain (subtract, floor, scale, 6 multiply-adds,
+# 7 squarings: 22 ops) fits two of MLX's fused kernels (at most 11 ops deep) where the Taylor
+# form above needs three; about 2x faster per element, relative error below 1.5e-5.
+_SHIFTED_SQUARINGS = 7
+_SHIFTED_COEFFS = [
+    0.999999998790183,
+    0.999999825407589,
+    0.4999958711842669,
+    0.16662988528675785,
+    0.041509549583910656,
+    0.007984310232786786,
+    0.0009922985857376025,
+]
+
+
 @mx.compile
 def exp_nonpositive(x: mx.array) -> mx.array:
     """exp(x) for x <= 0 (softmax inputs after subtracting the row maximum); -inf and
-    anything below -87 give ~1e-38, which a softmax row sum never notices."""
+    anything below -87 give ~1e-38, which a softmax row sum never notices. (The previous
+    kernel's exponential; `attention` uses `exp_shifted`.)"""
     return _exp_poly(x)
 
 
 @mx.compile
 def exp_shifted(s: mx.array, m: mx.array) -> mx.array:
-    """exp(s - m) with m >= s (the row maximum, broadcast): the subtraction rides in the same
-    elementwise kernel as the polynomial, one pass over the scores instead of two."""
-    return _exp_poly(s - m)
+    """exp(s - m) for m >= s (the row maximum, broadcast), -inf and anything below -87 giving
+    ~1e-38: the subtraction rides in the exponential's kernel (one pass over the scores less),
+    and the polynomial is the shorter one above."""
+    y = mx.maximum(s - m, _FLOOR) * (1.0 / 2**_SHIFTED_SQUARINGS)
+    c = _SHIFTED_COEFFS
+    p = y * c[-1] + c[-2]
+    for coeff in reversed(c[:-2]):
+        p = p * y + coeff
+    for _ in range(_SHIFTED_SQUARINGS):
+        p = p * p
+    return p
 
 
 def _softmax(scores: mx.array, exp: Callable[[mx.array], mx.array]) -> mx.array:
