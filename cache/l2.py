@@ -57,10 +57,16 @@ def snapshot_id(key: SnapshotKey, tokens: tuple[int, ...]) -> str:
     return h.hexdigest()[:40]
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path, gate: threading.Event | None = None, max_wait_s: float = 0.0) -> str:
+    """The file's SHA-256, read in 1 MB blocks. With `gate`, each block first waits for it
+    (at most `max_wait_s` in all): a write already hashing when a prefill starts yields the
+    CPU between blocks instead of competing with the prefill to the end."""
     h = hashlib.sha256()
+    deadline = time.monotonic() + max_wait_s
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
+            if gate is not None and not gate.is_set():
+                gate.wait(max(0.0, deadline - time.monotonic()))
             h.update(block)
     return h.hexdigest()
 
@@ -319,8 +325,10 @@ class DiskCache:
         tmp_data = self.dir / f"{ident}{suffix}.safetensors"
         tmp_meta = self.dir / f"{ident}{suffix}.json.part"
         try:
+            # The queue wait saw the engine idle, but a prefill may have started since.
+            self._idle.wait(_MAX_DEFER_S)
             mx.save_safetensors(str(tmp_data), arrays)
-            meta["checksum"] = _sha256(tmp_data)
+            meta["checksum"] = _sha256(tmp_data, self._idle, _MAX_DEFER_S)
             meta["file_bytes"] = tmp_data.stat().st_size
             tmp_meta.write_text(json.dumps(meta))
             os.replace(tmp_data, self._data(ident))
