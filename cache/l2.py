@@ -40,6 +40,10 @@ _STOP = object()
 _MAX_DEFER_S = 30.0
 # Default bound on how long `close()` waits for queued writes (server shutdown, process exit).
 CLOSE_TIMEOUT_S = 5.0
+# A write starts only once the engine has been out of prefill this long: an agent's next turn
+# often arrives right after the last one ends, and a write it catches mid-way cannot be paused
+# inside one array save; a tool call's own run time is the usual quiet gap.
+_QUIET_S = 0.5
 
 
 @dataclass
@@ -106,6 +110,8 @@ class DiskCache:
         # next request's prefill (its TTFT).
         self._idle = threading.Event()
         self._idle.set()
+        self._idle_since = time.monotonic()
+        self._shutting_down = False
         # `_closed` turns puts into no-ops (checked with the enqueue under `_close_lock`, so no
         # put lands behind the stop marker); `_abandon` makes the writer drop what is still
         # queued once close's bound is hit.
@@ -252,7 +258,20 @@ class DiskCache:
         self._idle.clear()
 
     def resume(self) -> None:
+        self._idle_since = time.monotonic()
         self._idle.set()
+
+    def _wait_quiet(self, max_wait_s: float) -> None:
+        """Block until the engine has been out of prefill for `_QUIET_S` (at most
+        `max_wait_s` in all; no wait once closing)."""
+        deadline = time.monotonic() + max_wait_s
+        while not self._shutting_down and (left := deadline - time.monotonic()) > 0:
+            if not self._idle.wait(left):
+                return
+            quiet_for = time.monotonic() - self._idle_since
+            if quiet_for >= _QUIET_S:
+                return
+            time.sleep(min(_QUIET_S - quiet_for, max(0.0, deadline - time.monotonic())))
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every queued snapshot is written (tests, shutdown)."""
@@ -270,6 +289,7 @@ class DiskCache:
                 return
             self._closed = True
         atexit.unregister(self.close)
+        self._shutting_down = True
         self._idle.set()  # shutting down: no prefill to make way for
         deadline = time.monotonic() + timeout
         try:
@@ -308,7 +328,7 @@ class DiskCache:
                 if self._abandon.is_set():  # close() gave up waiting: drop, do not write
                     self.stats["dropped_at_close"] += 1
                     continue
-                self._idle.wait(_MAX_DEFER_S)
+                self._wait_quiet(_MAX_DEFER_S)
                 self._write(item)
             except Exception as exc:  # the writer must survive anything one snapshot does
                 self.stats["write_errors"] += 1

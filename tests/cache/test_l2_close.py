@@ -192,3 +192,24 @@ def test_checksum_of_a_running_write_yields_to_a_prefill(tmp_path: Path) -> None
     assert result == [hashlib.sha256(data.read_bytes()).hexdigest()]
     # The wait is bounded: with the gate never set it still finishes after max_wait_s.
     assert _sha256(data, threading.Event(), 0.05) == result[0]
+
+
+def test_writes_wait_for_a_quiet_gap_after_a_prefill(tmp_path: Path) -> None:
+    """A write starts only once the engine has been out of prefill for `_QUIET_S`: a next
+    request arriving right after the last one finds no write in progress. Closing skips it."""
+    from toolflash.cache.l2 import _QUIET_S
+
+    l2 = DiskCache(tmp_path)
+    l2.pause()
+    l2.resume()
+    t0 = time.monotonic()
+    l2._wait_quiet(5.0)
+    assert time.monotonic() - t0 >= _QUIET_S * 0.9
+    t0 = time.monotonic()
+    l2._wait_quiet(5.0)  # already quiet long enough: no wait
+    assert time.monotonic() - t0 < _QUIET_S / 2
+    l2.pause()
+    l2.close()
+    t0 = time.monotonic()
+    l2._wait_quiet(5.0)
+    assert time.monotonic() - t0 < _QUIET_S / 2
