@@ -29,7 +29,7 @@ from .sampling.logprobs import RawLogprob, token_logprobs
 from .selection import GreedyChooser, Proposal, TokenChooser
 from .sparse import Lineage, SparseLineageError, SparseSelection
 from .state import SessionState, export_cache, restore_cache
-from .targets.base import TargetAdapter, cache_offset
+from .targets.base import ForwardResult, TargetAdapter, cache_offset
 
 # Given the tokens a step is about to commit, the index of the last one to emit when the
 # generation must end inside them (EOS, stop string, limit), else None.
@@ -236,27 +236,15 @@ class GenerationSession:
         inside the run keeps nothing after it (K/V, recurrent state, drafter features)."""
         run = proposal.tokens
         k = int(run.shape[0])
-        res = self.target.forward(
-            mx.concatenate([mx.array([[self.staged]]), run[None].astype(mx.int32)], axis=1),
-            self.cache,
-            self.capture,
-            keep_tape=True,
-            position_shift=self.position_shift,
-        )
+        res = self._feed_block(run)
         verdict = self.chooser.choose_run(proposal, res.logits[0])
         t1 = time.perf_counter()
         committed = verdict.tokens
         end = stop_check(committed)
         if end is not None:
             committed = committed[: end + 1]
-        keep = len(committed)  # rows fed: the staged token + every committed token but the last
-        self.last_logits = res.logits[0, keep - 1]
-        self.target.rollback(self.cache, res, keep)
-        if self.draft_ctx is not None and res.features is not None:
-            self.draft_ctx.add_features(res.features[:, :keep])
-        self.fed += keep
-        self.tokens.extend(committed)
-        self.chooser.commit(committed)
+        # Rows fed: the staged token + every committed token but the last.
+        self._commit_block(res, committed, keep=len(committed))
         t2 = time.perf_counter()
         logprobs = self._logprobs(res.logits[0], committed)
         # No drafter ran and nothing was drafted: `forced` says how long the fed run was.
@@ -275,16 +263,7 @@ class GenerationSession:
         drafted = int(draft.shape[0])
         t1 = time.perf_counter()
 
-        verify_in = mx.concatenate(
-            [mx.array([[self.staged]]), draft[None].astype(mx.int32)], axis=1
-        )
-        res = self.target.forward(
-            verify_in,
-            self.cache,
-            self.capture,
-            keep_tape=True,
-            position_shift=self.position_shift,
-        )
+        res = self._feed_block(draft)
         verdict = self.chooser.verify(proposal, res.logits[0])
         t2 = time.perf_counter()
 
@@ -293,14 +272,8 @@ class GenerationSession:
         end = stop_check(committed)
         if end is not None:
             committed = committed[: end + 1]
-        keep = min(accepted, len(committed) - 1) + 1  # block tokens whose K/V stay
-        self.last_logits = res.logits[0, keep - 1]
-        self.target.rollback(self.cache, res, keep)
-        if self.draft_ctx is not None and res.features is not None:
-            self.draft_ctx.add_features(res.features[:, :keep])
-        self.fed += keep
-        self.tokens.extend(committed)
-        self.chooser.commit(committed)
+        # Block tokens whose K/V stay.
+        self._commit_block(res, committed, keep=min(accepted, len(committed) - 1) + 1)
         t3 = time.perf_counter()
         # Row i of the verify logits scored committed[i] (the same row an AR step would use).
         logprobs = self._logprobs(res.logits[0], committed)
@@ -318,6 +291,25 @@ class GenerationSession:
             forced=drafted if proposal.forced else 0,
             draft_cut=not proposal.forced and drafted < block_size - 1,
         )
+
+    def _feed_block(self, tail: mx.array) -> ForwardResult:
+        """One target forward of the staged token followed by `tail` (a draft or a forced
+        run), keeping what `rollback` needs."""
+        tokens = mx.concatenate([mx.array([[self.staged]]), tail[None].astype(mx.int32)], axis=1)
+        return self.target.forward(
+            tokens, self.cache, self.capture, keep_tape=True, position_shift=self.position_shift
+        )
+
+    def _commit_block(self, res: ForwardResult, committed: list[int], keep: int) -> None:
+        """Keep the first `keep` fed rows of `res` (cache, drafter features) and commit
+        `committed`; the last committed token becomes the staged one."""
+        self.last_logits = res.logits[0, keep - 1]
+        self.target.rollback(self.cache, res, keep)
+        if self.draft_ctx is not None and res.features is not None:
+            self.draft_ctx.add_features(res.features[:, :keep])
+        self.fed += keep
+        self.tokens.extend(committed)
+        self.chooser.commit(committed)
 
     def _logprobs(self, logits: mx.array, tokens: list[int]) -> list[RawLogprob]:
         if self.logprobs is None:
