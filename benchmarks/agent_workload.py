@@ -526,7 +526,9 @@ def aggregate(
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Per group and strategy: tokens, seconds (`time_key` of each run) and tok/s. `statistic`
     "sum" adds every run; "median" takes each request's median time over the rounds (robust to
-    other processes' bursts on a shared machine) and adds those."""
+    other processes' bursts on a shared machine) and adds those; "paired" see `paired`."""
+    if statistic == "paired":
+        return paired(rows, key, time_key)
     runs: dict[tuple[str, str, str, int], list[Mapping[str, Any]]] = {}
     for r in rows:
         group = r[key] if key else "overall"
@@ -546,13 +548,48 @@ def aggregate(
     return out
 
 
+def paired(
+    rows: Sequence[Mapping[str, Any]], key: str | None, time_key: str
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Per group: each strategy's time as a ratio to AR's in the same round (the runs of one
+    request are back to back, so a slow stretch of the machine hits all strategies of that
+    round alike and cancels in the ratio), the median ratio over the rounds, times AR's median
+    round time. Each round's group time sums its requests."""
+    rounds: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for r in rows:
+        group = r[key] if key else "overall"
+        cell = rounds.setdefault((group, r["round"]), {}).setdefault(r["strategy"], [0, 0.0])
+        cell[0] += r["completion_tokens"]
+        cell[1] += r[time_key]
+    groups: dict[str, list[dict[str, list[float]]]] = {}
+    for (group, _), strategies in sorted(rounds.items()):
+        if "ar" in strategies and strategies["ar"][1] > 0:
+            groups.setdefault(group, []).append(strategies)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for group, per_round in groups.items():
+        base = statistics.median(st["ar"][1] for st in per_round)
+        for strategy in per_round[0]:
+            present = [st for st in per_round if strategy in st]
+            ratio = statistics.median(st[strategy][1] / st["ar"][1] for st in present)
+            tokens = statistics.median(st[strategy][0] for st in present)
+            seconds = base * ratio
+            out.setdefault(group, {})[strategy] = {
+                "tokens": tokens,
+                "seconds": seconds,
+                "tok_s": tokens / seconds if seconds > 0 else 0.0,
+            }
+    return out
+
+
 # Ways to read the same runs. Wall-clock decode time (the engine's decode_s) is what a client
 # sees; on a shared machine, other processes' bursts land on single runs, so the median over the
-# rounds is the headline. Process CPU time of the decode phase is not charged while another
-# process runs (valid with single-threaded BLAS: OPENBLAS_NUM_THREADS=1), so it shows the
-# decoding cost with the neighbours' noise removed. "all runs" sums every run, cold start included.
+# rounds is the headline; "paired" compares strategies within each round first (ratios to AR),
+# which also cancels slow stretches that last a whole round. Process CPU time of the decode
+# phase is not charged while another process runs (valid with single-threaded BLAS:
+# OPENBLAS_NUM_THREADS=1), so it shows the decoding cost with the neighbours' noise removed. "all runs" sums every run, cold start included.
 MEASURES: dict[str, tuple[str, str]] = {
     "wall_median": ("decode_s", "median"),
+    "wall_paired": ("decode_s", "paired"),
     "cpu_median": ("cpu_s", "median"),
     "wall_all_runs": ("decode_s", "sum"),
 }

@@ -101,6 +101,7 @@ class ExploreSettings(_Strict):
 class DecisionSettings(_Strict):
     initial_mode: Literal["spec", "ar"] = "spec"
     recheck_every: int = Field(default=8, ge=1)
+    recheck_max: int = Field(default=32, ge=1)
     min_dwell: int = Field(default=4, ge=0)
     max_recorded: int = Field(default=64, ge=0)
 

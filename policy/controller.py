@@ -167,6 +167,10 @@ class PolicyController:
         self.spans = SpanTracker(json_output=json_output, start_in_reasoning=start_in_reasoning)
         dec = self.policy.decisions
         self.recheck_every = dec.recheck_every
+        self.recheck_max = max(dec.recheck_max, dec.recheck_every)
+        # Rechecks back off while they change nothing (see `_recheck_done`).
+        self._interval = self.recheck_every
+        self._next_check = self.recheck_every
         self.min_dwell = dec.min_dwell
         self.max_recorded = dec.max_recorded
         ex = self.policy.exploration
@@ -191,6 +195,9 @@ class PolicyController:
         self._ticks: dict[str, int] = {}  # steps per span not yet added to the backoff clock
         self._made: ModeDecision | None = None
         self._tokens: dict[tuple[str, str], int] = {}
+        # Throughputs computed at this step (a recheck asks for the same arms several times).
+        self._tp: dict[tuple[Arm, str], Throughput] = {}
+        self._tp_step = -1
 
     # -- ModeController -----------------------------------------------------------------------
     def observe_prefix(self, text: str) -> None:
@@ -231,6 +238,8 @@ class PolicyController:
             if self.probe.remaining <= 0 or new_span != span:
                 self._end_probe(span)
         if new_span != span:
+            self._interval = self.recheck_every
+            self._next_check = self.steps + self.recheck_every
             rule = self.policy.rule(self.label, new_span)
             arm, reason, kind = self._choose(rule, new_span, self.arm)
             return self._set(arm, kind, reason, new_span)
@@ -240,13 +249,15 @@ class PolicyController:
             # known arm beats it outright (switch), only then whether to explore. Probing other
             # block sizes while a measured arm is clearly faster would only delay the switch
             # (a cold class whose prior was too optimistic spent 32 steps so).
-            due = self.steps % self.recheck_every == 0 or self.dwell == self.min_dwell
+            due = self.steps >= self._next_check or self.dwell == self.min_dwell
             if due and self.dwell >= self.min_dwell:
                 arm, reason, kind = self._choose(rule, span, self.arm)
                 if arm != self.arm:
                     return self._set(arm, "recheck", reason, span)
             if due and self.budget > 0 and rule.mode != "ar":
                 self._maybe_probe(rule, span)
+            if due and self.probe is None:
+                self._recheck_done()
         return self._decision()
 
     def finish(self, stats: GenerationStats) -> None:
@@ -294,7 +305,13 @@ class PolicyController:
             # but part of what either arm delivers here: each arm's estimate mixes its forced
             # runs in at their measured share (Estimates.with_forced, Estimates.ar).
             self.est.observe_forced(
-                self.model_id, self.label, span, record.committed, seconds, mode
+                self.model_id,
+                self.label,
+                span,
+                record.committed,
+                seconds,
+                mode,
+                block_size=self.arm[1] if mode == "spec" else None,
             )
         elif (
             seconds > 0
@@ -348,11 +365,28 @@ class PolicyController:
             arms.append(AR)
         return arms
 
+    def _recheck_done(self) -> None:
+        """A recheck that kept the arm and started no probe: the next one comes twice as late
+        (up to `recheck_max` steps). Where the choice is clear, rechecking every few steps
+        costs more than it can find (a recheck is ~10 estimate reads; an AR step of a small
+        model is a few ms); any decision resets the interval (`_set`)."""
+        if self.dwell >= self.min_dwell:
+            self._interval = min(self._interval * 2, self.recheck_max)
+        self._next_check = self.steps + self._interval
+
     def _throughput(self, arm: Arm, span: str) -> Throughput:
-        if arm[0] == "ar":
-            return self.est.ar(self.model_id, self.context, self.label, span)
-        tps, _ = self.est.spec(self.model_id, self.label, span, arm[1], self.context)
-        return tps
+        if self._tp_step != self.steps:
+            self._tp.clear()
+            self._tp_step = self.steps
+        key = (arm, span)
+        tp = self._tp.get(key)
+        if tp is None:
+            if arm[0] == "ar":
+                tp = self.est.ar(self.model_id, self.context, self.label, span)
+            else:
+                tp, _ = self.est.spec(self.model_id, self.label, span, arm[1], self.context)
+            self._tp[key] = tp
+        return tp
 
     def _choose(self, rule: SpanRule, span: str, current: Arm | None) -> tuple[Arm, str, str]:
         """(arm, reason, kind): the arm for `span`, keeping `current` unless another arm is
@@ -519,6 +553,8 @@ class PolicyController:
             self.switches += 1
         if changed or kind in ("start", "probe", "probe-won", "probe-lost"):
             self.dwell = 0
+            self._interval = self.recheck_every
+            self._next_check = self.steps + self.recheck_every
             surplus = self.est.surplus(
                 self.model_id,
                 self.label,

@@ -8,14 +8,16 @@ different things, so they are learned separately and combined at the context len
 Timings are therefore learned from every request of a model, and only tau needs per-class data.
 A spec cycle at block B that accepted `a` draft tokens also says what a smaller block b would have
 committed (`min(a, b - 1) + 1`), so smaller block sizes learn tau from the same measurements.
-Tau is also pooled per span kind over all classes (label `*`) and over everything (span `*`): a
+Tau never falls with the block size: a larger block's tau is floored by a smaller block's
+measured in the same scope (`_tau_mean`). Tau is also pooled per span kind over all classes (label `*`) and over everything (span `*`): a
 class or span seen for the first time starts from the pool as a prior (worth at most
 `PRIOR_SAMPLES` samples, and reported with 0 own samples, so it is still probed).
 
 Grammar-forced runs (a constraint fixed the next tokens and the stretch was fed to the target in
 one forward, without the drafter: `CycleRecord.forced`) are learned apart, per (model, class,
-span): per mode, the share of that mode's committed tokens they commit, and (shared by both
-modes: the same forward either way) their seconds and tokens per run. They never feed tau, the
+span): per mode, the share of that mode's committed tokens they commit, and per arm (the
+block cuts a run: 16 takes a long stretch in one forward where 8 takes two) their seconds and
+tokens per run; an arm with none measured borrows the least-cut runs (`_forced_runs`). They never feed tau, the
 spec cycle timing or the AR step timing (they are no measure of the drafter, are shorter than
 the block, and commit several tokens per AR step); a spec cycle and an AR step ("jump-forward")
 both take forced runs, so each arm's seconds per token mix its plain cycles or steps with the
@@ -49,6 +51,7 @@ TIME_CLIP = 2.0
 _CLIP_AFTER = 4
 PRIOR_SAMPLES = 4.0
 POOL = "*"
+AR_RUNS = 0  # the block key of forced runs that AR steps took
 
 
 def context_bucket(context_len: int, smallest: int = 256) -> int:
@@ -206,14 +209,18 @@ class Estimates:
         self.ar_s: dict[ArKey, Stat] = {}
         # Forced runs per scope: committed tokens of every spec cycle and of the forced ones only
         # (added together, so the ratio of their sums is the decayed forced share), and per
-        # forced cycle its seconds and committed tokens.
+        # forced cycle its seconds and committed tokens, by the block of the arm that ran it
+        # (a run is cut at the block: 16 commits longer runs per forward than 8; AR is 0).
         self.spec_tokens: dict[ScopeKey, Stat] = {}
         self.forced_tokens: dict[ScopeKey, Stat] = {}
-        self.forced_s: dict[ScopeKey, Stat] = {}
-        self.forced_n: dict[ScopeKey, Stat] = {}
+        self.forced_block_s: dict[TauKey, Stat] = {}
+        self.forced_block_n: dict[TauKey, Stat] = {}
+        self._forced_blocks: dict[ScopeKey, set[int]] = {}
         # The same share for AR: tokens of every AR step, and of those that took a forced run.
         self.ar_tokens: dict[ScopeKey, Stat] = {}
         self.ar_forced_tokens: dict[ScopeKey, Stat] = {}
+        # Block sizes with a tau entry, per scope (for the monotone floor, `_tau_mean`).
+        self._tau_blocks: dict[ScopeKey, set[int]] = {}
 
     def bucket(self, context_len: int) -> int:
         return context_bucket(context_len, self.smallest_bucket)
@@ -242,9 +249,9 @@ class Estimates:
         for b in {block_size, *block_sizes}:
             if 1 < b <= block_size:
                 x = min(accepted, b - 1) + 1.0
-                self._add(self.tau, (model, label, span, b), x, now)
-                self._add(self.tau, (model, POOL, span, b), x, now)
-                self._add(self.tau, (model, POOL, POOL, b), x, now)
+                for scope in ((model, label, span), (model, POOL, span), (model, POOL, POOL)):
+                    self._add(self.tau, (*scope, b), x, now)
+                    self._tau_blocks.setdefault(scope, set()).add(b)
 
     def observe_forced(
         self,
@@ -254,19 +261,25 @@ class Estimates:
         committed: int,
         seconds: float,
         mode: str = "spec",
+        block_size: int | None = None,
     ) -> None:
-        """One grammar-forced run, a spec cycle or (`mode` "ar") an AR step: `committed` tokens
-        (the forced run and the target's token after it) in `seconds`, without a drafter run."""
+        """One grammar-forced run, a spec cycle of the arm at `block_size` or (`mode` "ar") an
+        AR step: `committed` tokens (the forced run and the target's token after it) in
+        `seconds`, without a drafter run."""
         if committed <= 0:
             return
         now = self.clock()
         key = (model, label, span)
         if mode == "ar":
             self._add_ar_share(key, float(committed), float(committed), now)
+            block_size = AR_RUNS
+        elif block_size is None or block_size < 2:
+            raise ValueError("a spec forced run needs the block size of the arm that ran it")
         else:
             self._add_share(key, float(committed), float(committed), now)
-        self._add(self.forced_s, key, seconds, now, True)
-        self._add(self.forced_n, key, float(committed), now)
+        self._add(self.forced_block_s, (*key, block_size), seconds, now, True)
+        self._add(self.forced_block_n, (*key, block_size), float(committed), now)
+        self._forced_blocks.setdefault(key, set()).add(block_size)
 
     def _add_share(self, key: ScopeKey, committed: float, forced: float, now: float) -> None:
         self._add(self.spec_tokens, key, committed, now)
@@ -308,8 +321,14 @@ class Estimates:
         if label is None or span is None:
             return plain
         key = (model, label, span)
-        # An AR step feeds the whole run (up to 16 rows): one forced step per measured run.
-        return self._mix_forced(key, _share(self.ar_tokens, self.ar_forced_tokens, key), 1.0, plain)
+        # An AR step feeds the whole run (up to 16 rows, as long as any block's): one forced
+        # step per measured run, wherever it was measured.
+        runs = self._forced_runs(key, AR_RUNS)
+        if runs is None:
+            return plain
+        return self._mix_forced(
+            runs, _share(self.ar_tokens, self.ar_forced_tokens, key), 1.0, plain
+        )
 
     def spec(
         self, model: str, label: str, span: str, block_size: int, context_len: int
@@ -327,11 +346,27 @@ class Estimates:
                 return UNKNOWN, 0.0
             n_tau, own = min(tau.effective(now, self.half_life_s), PRIOR_SAMPLES), 0.0
         cyc = self._near(self.cycle_s, model, (block_size,), self.bucket(context_len))
+        mean = self._tau_mean(model, label, span, block_size, tau) if own > 0 else tau.mean
         if cyc is None or n_tau <= 0:
-            return UNKNOWN, tau.mean
+            return UNKNOWN, mean
         tau_se = math.sqrt(max(tau.var, _TAU_ABS_FLOOR**2) / n_tau)
-        drafted = self._rate(tau.mean, tau_se, cyc, now, own)
-        return self.with_forced(model, label, span, block_size, drafted), tau.mean
+        drafted = self._rate(mean, tau_se, cyc, now, own)
+        return self.with_forced(model, label, span, block_size, drafted), mean
+
+    def _tau_mean(self, model: str, label: str, span: str, block_size: int, tau: Stat) -> float:
+        """Tau at `block_size`, floored by the tau measured at any smaller block here: a larger
+        block commits at least what a smaller one would (`min(a, b - 1) + 1 <= a + 1`), so a
+        lower mean at the larger block is sampling noise (a few probe cycles on harder text).
+        Without the floor, three unlucky probe cycles at 16 kept block 16 looking hopeless,
+        and never probed again, in a class where it was the best block."""
+        mean = tau.mean
+        now = self.clock()
+        for b in self._tau_blocks.get((model, label, span), ()):
+            if b < block_size:
+                smaller = self.tau.get((model, label, span, b))
+                if smaller is not None and smaller.effective(now, self.half_life_s) > 0:
+                    mean = max(mean, smaller.mean)
+        return mean
 
     def forced_share(self, model: str, label: str, span: str) -> float:
         """Share of spec-committed tokens that forced cycles committed here (0.0 unknown)."""
@@ -347,20 +382,40 @@ class Estimates:
         """The spec arm's throughput at `block_size` when a share of its tokens comes from
         forced cycles: seconds per token are the drafted cycles' and the forced cycles' in
         their measured shares. A forced run is at most `block_size - 1` tokens plus the
-        target's one, so runs measured at a larger block take proportionally more cycles at
-        a smaller one. Unchanged where nothing forced was measured."""
+        target's one: runs measured at this block count as they are; else the runs measured
+        where they were cut least (most tokens per forward) stand in, taking proportionally
+        more cycles at a smaller block. (Runs cut at 8 standing in for 16 made 16 look no
+        better than 8 on forced tool calls, where it takes one cycle fewer.) Unchanged where
+        nothing forced was measured."""
         key = (model, label, span)
-        toks = self.forced_n.get(key)
-        if toks is None or toks.mean <= 0:
+        runs = self._forced_runs(key, block_size)
+        if runs is None:
             return drafted
-        cycles = max(1.0, toks.mean / block_size)  # cycles per measured forced cycle
-        return self._mix_forced(key, self.forced_share(model, label, span), cycles, drafted)
+        cycles = max(1.0, runs[1].mean / block_size)  # cycles per measured forced cycle
+        return self._mix_forced(runs, self.forced_share(model, label, span), cycles, drafted)
 
-    def _mix_forced(self, key: ScopeKey, phi: float, cycles: float, base: Throughput) -> Throughput:
+    def _forced_runs(self, key: ScopeKey, block_size: int) -> tuple[Stat, Stat] | None:
+        """(seconds, committed tokens) per forced cycle for an arm at `block_size` (AR:
+        `AR_RUNS`): its own, else those with the most tokens per forced cycle here."""
+        best: tuple[Stat, Stat] | None = None
+        for b in self._forced_blocks.get(key, ()):
+            secs = self.forced_block_s.get((*key, b))
+            toks = self.forced_block_n.get((*key, b))
+            if secs is None or toks is None or toks.mean <= 0:
+                continue
+            if b == block_size:
+                return secs, toks
+            if best is None or toks.mean > best[1].mean:
+                best = (secs, toks)
+        return best
+
+    def _mix_forced(
+        self, runs: tuple[Stat, Stat], phi: float, cycles: float, base: Throughput
+    ) -> Throughput:
         """`base` (tokens/s of plain cycles or steps) with a share `phi` of the tokens from
         forced runs, each taking `cycles` forwards of the measured forced-run time."""
-        secs, toks = self.forced_s.get(key), self.forced_n.get(key)
-        if not base.known or phi <= 0 or secs is None or toks is None or toks.mean <= 0:
+        secs, toks = runs
+        if not base.known or phi <= 0 or toks.mean <= 0:
             return base
         forced_spt = secs.mean * cycles / toks.mean
         base_spt = 1.0 / base.tps
@@ -380,7 +435,7 @@ class Estimates:
         tau = self.tau.get((model, label, span, block_size))
         if tau is None or tau.effective(self.clock(), self.half_life_s) <= 0:
             return None
-        return tau.mean
+        return self._tau_mean(model, label, span, block_size, tau)
 
     def surplus(
         self, model: str, label: str, span: str, block_size: int, context_len: int
@@ -444,6 +499,10 @@ class Estimates:
         # Only a wholly valid document is merged.
         for name, table in parsed.items():
             getattr(self, name).update(table)
+        for model, label, span, b in self.tau:
+            self._tau_blocks.setdefault((model, label, span), set()).add(b)
+        for model, label, span, b in self.forced_block_s:
+            self._forced_blocks.setdefault((model, label, span), set()).add(b)
         return sum(len(t) for t in parsed.values())
 
     def models(self) -> Iterator[str]:
@@ -458,8 +517,10 @@ _TABLES: dict[str, tuple[type, ...]] = {
     "ar_s": (str, int),
     "spec_tokens": (str, str, str),
     "forced_tokens": (str, str, str),
-    "forced_s": (str, str, str),
-    "forced_n": (str, str, str),
+    # Per (scope, arm block); named apart from the per-scope tables of older files (whose
+    # rows are ignored, so a run cut at one block is never read as another's).
+    "forced_block_s": (str, str, str, int),
+    "forced_block_n": (str, str, str, int),
     "ar_tokens": (str, str, str),
     "ar_forced_tokens": (str, str, str),
 }

@@ -189,3 +189,46 @@ def test_prefix_text_and_wall_timing(tmp_path: Path) -> None:
             "value": 2,
         }
     ]
+
+
+def test_rechecks_back_off_while_the_choice_is_clear_and_still_catch_a_change(
+    tmp_path: Path,
+) -> None:
+    # Spec clearly beats AR in text; rechecks that change nothing double their interval (up to
+    # recheck_max), so a long span costs a few estimate reads, not one every 8 steps...
+    from toolflash.policy.controller import PolicyController
+
+    from .fakes import ar_record
+
+    pol = policy(
+        tmp_path, "exploration: {budget_per_request: 0}\nestimates: {sample_half_life: 8}\n"
+    )
+    ctrl = pol.controller_for("m", TOOLS, False)
+    calls = 0
+    choose = PolicyController._choose
+
+    def counting(self: PolicyController, *args: object) -> object:
+        nonlocal calls
+        calls += 1
+        return choose(self, *args)  # type: ignore[arg-type]
+
+    ctrl._choose = counting.__get__(ctrl)  # type: ignore[method-assign]
+    pol.model("m").estimates.observe_ar("m", 0.004, 300)
+    decision = ctrl.start(300, 8)
+    assert decision.mode == "spec"
+    steps = 0
+    for i in range(200):
+        decision = ctrl.after_step(spec_record(i, 8, 5, 0.010), [0] * 6, "word ")
+        steps += 1
+    assert decision.mode == "spec"
+    assert calls <= 2 + steps // 32 + 4  # start, then 8, 16, 32, 32, ... steps apart
+    # ...and a collapse of acceptance inside the same span is still caught within recheck_max
+    # steps of the estimate turning (a few cycles at this sample half-life).
+    switched_at = None
+    for i in range(200, 300):
+        rec = spec_record(i, 8, 0, 0.010) if decision.mode == "spec" else ar_record(i, 0.004)
+        decision = ctrl.after_step(rec, [0] * rec.committed, "word ")
+        if decision.mode == "ar":
+            switched_at = i
+            break
+    assert switched_at is not None and switched_at - 200 <= 48

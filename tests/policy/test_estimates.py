@@ -146,3 +146,32 @@ def test_timing_bursts_are_clipped() -> None:
     for _ in range(40):  # a lasting 3x slowdown is still followed
         est.observe_ar("m", 0.030, 300)
     assert est.ar("m", 300).tps == pytest.approx(1 / 0.030, rel=0.3)
+
+
+def test_larger_block_tau_is_floored_by_a_smaller_blocks() -> None:
+    # Block 8 ran many cycles at tau 4; three probe cycles at 16 happened to land on hard text
+    # (tau 1.5). A larger block commits at least what a smaller one would, so 16's tau reads 4.
+    clock = FakeClock()
+    est = Estimates(sample_half_life=1e9, half_life_s=0, clock=clock)
+    for _ in range(30):
+        est.observe_spec("m", "c", "text", 8, 3, 0.010, 300, block_sizes=(16, 8, 4))
+    for accepted in (0, 1, 0):
+        est.observe_spec("m", "c", "text", 16, accepted, 0.012, 300, block_sizes=(16, 8, 4))
+    assert est.tau[("m", "c", "text", 16)].mean == pytest.approx(4 / 3)
+    tps, tau = est.spec("m", "c", "text", 16, 300)
+    assert tau == pytest.approx(est.tau[("m", "c", "text", 8)].mean)
+    assert tps.tps == pytest.approx(tau / 0.012)
+    assert est.measured_tau("m", "c", "text", 16) == pytest.approx(tau)
+    # Never lowered: where 16 measured more, its own tau stands; 4 is not floored by 8.
+    for _ in range(40):
+        est.observe_spec("m", "c", "text", 16, 12, 0.012, 300, block_sizes=(16, 8, 4))
+    assert est.spec("m", "c", "text", 16, 300)[1] == pytest.approx(
+        est.tau[("m", "c", "text", 16)].mean
+    )
+    assert est.measured_tau("m", "c", "text", 4) == pytest.approx(
+        est.tau[("m", "c", "text", 4)].mean
+    )
+    # A restarted process rebuilds the floor's index from the persisted tau table.
+    again = Estimates(sample_half_life=1e9, half_life_s=0, clock=clock)
+    again.load_json(est.to_json())
+    assert again.measured_tau("m", "c", "text", 16) == est.measured_tau("m", "c", "text", 16)

@@ -44,7 +44,7 @@ def test_forced_share_mixes_seconds_per_token() -> None:
         # Drafted: 2 tokens per 10 ms (200 tok/s); forced: 7 tokens per 5 ms.
         est.observe_spec("m", "c", "json", 8, 1, 0.010, 300)
         est.observe_spec("m", "c", "json", 8, 1, 0.010, 300)
-        est.observe_forced("m", "c", "json", 7, 0.005)
+        est.observe_forced("m", "c", "json", 7, 0.005, block_size=8)
     assert est.forced_share("m", "c", "json") == pytest.approx(7 / 11)
     spec, tau = est.spec("m", "c", "json", 8, 300)
     assert tau == pytest.approx(2.0)  # the drafter's own tau, forced runs left out
@@ -61,7 +61,7 @@ def test_forced_runs_measured_at_a_larger_block_take_more_cycles_at_a_smaller_on
     for _ in range(10):
         est.observe_spec("m", "c", "json", 8, 1, 0.010, 300, block_sizes=(4,))
         est.observe_spec("m", "c", "json", 4, 1, 0.010, 300)
-        est.observe_forced("m", "c", "json", 8, 0.005)  # runs of 7 + 1 at block 8
+        est.observe_forced("m", "c", "json", 8, 0.005, block_size=8)  # runs of 7 + 1 at block 8
     phi = est.forced_share("m", "c", "json")
     at8 = est.spec("m", "c", "json", 8, 300)[0].tps
     at4 = est.spec("m", "c", "json", 4, 300)[0].tps
@@ -135,3 +135,39 @@ def test_a_draft_the_grammar_cut_counts_for_tau_at_the_arms_block(tmp_path: Path
     # A block cut by max_tokens (no draft_cut) is still left out entirely.
     ctrl.after_step(CycleRecord(1, "spec", 3, 2, 2, 3, 0.001, 0.002, 0.0, 309), [0] * 3, "")
     assert est.tau[("m", FORCED_CLASS.label, span, 16)].count == 1
+
+
+def test_forced_runs_are_learned_per_arm_block() -> None:
+    # A 20-token forced stretch: at block 16 a forced cycle commits 16 (15 + 1), at block 8 it
+    # commits 8. Runs cut at 8 must not stand in for 16's (16 takes 2 forwards, 8 takes 3).
+    est = Estimates(sample_half_life=1e9, half_life_s=0, clock=FakeClock())
+    for _ in range(10):
+        for block in (8, 16):
+            est.observe_spec("m", "c", "tool_call", block, 1, 0.010, 300)
+        est.observe_forced("m", "c", "tool_call", 8, 0.005, block_size=8)
+    at8 = est.spec("m", "c", "tool_call", 8, 300)[0].tps
+    # 16 has no runs of its own yet: it borrows 8's (the least cut measured), as before.
+    assert est.spec("m", "c", "tool_call", 16, 300)[0].tps == pytest.approx(at8)
+    for _ in range(10):
+        est.observe_forced("m", "c", "tool_call", 16, 0.006, block_size=16)
+    phi = est.forced_share("m", "c", "tool_call")
+    at16 = est.spec("m", "c", "tool_call", 16, 300)[0].tps
+    assert at16 == pytest.approx(1 / ((1 - phi) * 0.005 + phi * 0.006 / 16))
+    assert at16 > est.spec("m", "c", "tool_call", 8, 300)[0].tps
+    # Block 4 (unmeasured) borrows 16's runs, cut to 4: four forwards per run of 16.
+    est.observe_spec("m", "c", "tool_call", 4, 1, 0.010, 300)
+    at4 = est.spec("m", "c", "tool_call", 4, 300)[0].tps
+    phi = est.forced_share("m", "c", "tool_call")
+    assert at4 == pytest.approx(1 / ((1 - phi) * 0.005 + phi * 0.006 * 4 / 16))
+    # A spec run without its arm's block is refused (it would be filed under AR's runs).
+    with pytest.raises(ValueError):
+        est.observe_forced("m", "c", "tool_call", 8, 0.005)
+
+
+def test_per_scope_forced_tables_of_older_state_files_are_ignored() -> None:
+    doc = Estimates(clock=FakeClock()).to_json()
+    doc["forced_s"] = [["m", "c", "json", 1.0, 0.005, 0.0, 1.0, 0.0]]
+    doc["forced_n"] = [["m", "c", "json", 1.0, 8.0, 64.0, 1.0, 0.0]]
+    est = Estimates(clock=FakeClock())
+    est.load_json(doc)
+    assert est._forced_runs(("m", "c", "json"), 8) is None

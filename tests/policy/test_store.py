@@ -16,7 +16,7 @@ def learned(clock: FakeClock, model: str = "m") -> Estimates:
     for _ in range(5):
         est.observe_spec(model, "tools.think-off.user.lt1k", "tool_call", 8, 1, 0.02, 400)
         est.observe_ar(model, 0.006, 400)
-        est.observe_forced(model, "tools.think-off.user.lt1k", "tool_call", 6, 0.012)
+        est.observe_forced(model, "tools.think-off.user.lt1k", "tool_call", 6, 0.012, block_size=8)
     return est
 
 
