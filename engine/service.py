@@ -217,6 +217,26 @@ class DFlashEngine:
         cancel: threading.Event | None = None,
         controller: ModeController | None = None,
     ) -> Iterator[EngineEvent]:
+        """Prefill (reusing the longest cached prefix), then decode, as events: the prefill's
+        token, one event per cycle or AR step, a final `FinishEvent` with the stats."""
+        cache = self.prefix_cache
+        if cache is None:
+            yield from self._generate(request, cancel, controller)
+            return
+        # Background snapshot writes wait while a request runs (also when the consumer stops
+        # early: closing the generator runs the `finally`).
+        cache.request_started()
+        try:
+            yield from self._generate(request, cancel, controller)
+        finally:
+            cache.request_finished()
+
+    def _generate(
+        self,
+        request: GenerationRequest,
+        cancel: threading.Event | None,
+        controller: ModeController | None,
+    ) -> Iterator[EngineEvent]:
         prompt = list(request.prompt_tokens)
         if not prompt or len(prompt) >= self.context_length:
             raise ContextLengthError(len(prompt), request.max_tokens, self.context_length)
@@ -248,18 +268,12 @@ class DFlashEngine:
         # token is out: publishing evaluates and queues them (L2), which must not delay TTFT.
         # MLX arrays are values, so a state exported mid-prefill is unchanged by what follows.
         deferred: list[SessionState] = []
-        if cache is not None:
-            cache.prefill_started()
-        try:
-            first = session.prefill(
-                prompt,
-                restore=hit.snapshot.state if hit is not None else None,
-                publish_at=request.publish_at if cache is not None else (),
-                publish=deferred.append if cache is not None else None,
-            )
-        finally:
-            if cache is not None:
-                cache.prefill_finished()
+        first = session.prefill(
+            prompt,
+            restore=hit.snapshot.state if hit is not None else None,
+            publish_at=request.publish_at if cache is not None else (),
+            publish=deferred.append if cache is not None else None,
+        )
         if cache is not None:
             cache.record_prefill(restored, len(prompt) - restored)
         prefill_s = time.perf_counter() - t0

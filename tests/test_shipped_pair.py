@@ -12,7 +12,7 @@ from toolflash.engine.factory import assets_dir, build_engine
 
 # Measured tau on the fixed prompt below minus a margin (see MODEL_CARD.md); a broken feature
 # wiring, label shift or rollback bug drops it to ~1.0.
-TAU_FLOOR = {"qwen3-tiny": 1.05, "qwen35-tiny": 1.1}  # measured 1.15 and 1.29
+TAU_FLOOR = {"qwen3-tiny": 1.05, "qwen35-tiny": 2.0}  # measured 1.15 and 10.0
 PROMPT = "Explain the function _find_exe in the distutils._msvccompiler module."
 
 

@@ -312,8 +312,9 @@ def test_snapshots_are_published_after_the_first_token(model_dirs: Any, tmp_path
     cache.close()
 
 
-def test_l2_writes_wait_while_the_engine_prefills(model_dirs: Any, tmp_path: Path) -> None:
-    """Disk writes queued during a prefill start only after it (or the defer limit)."""
+def test_l2_writes_wait_while_a_request_runs(model_dirs: Any, tmp_path: Path) -> None:
+    """Disk writes queued while a request runs (prefill or decode) start only after every
+    running request has finished (or the defer limit)."""
     cache = PrefixCache(CacheConfig(l2_dir=str(tmp_path / "l2")))
     engine = engine_for(model_dirs, cache)
     prompt, stable, _ = turn_prompts(engine)
@@ -323,12 +324,23 @@ def test_l2_writes_wait_while_the_engine_prefills(model_dirs: Any, tmp_path: Pat
     assert len(cache.l2) == 2
     hit = cache.lookup(engine.cache_key, prompt)
     assert hit is not None
-    cache.prefill_started()
+    cache.request_started()
+    cache.request_started()  # two overlapping requests
     other = replace(hit.snapshot.state, tokens=(*hit.snapshot.tokens[:-1], -1))
     cache.publish(engine.cache_key, other)
     cache.l2.flush(timeout=0.3)
     assert len(cache.l2) == 2  # held back
-    cache.prefill_finished()
+    cache.request_finished()
+    cache.l2.flush(timeout=0.8)
+    assert len(cache.l2) == 2  # one request still runs
+    cache.request_finished()
     cache.l2.flush()
     assert len(cache.l2) == 3
+    # An engine request holds writes from its prefill to its last event, even when the
+    # consumer stops after the first token.
+    gen = engine.generate(GenerationRequest(tuple(prompt), 4))
+    next(gen)
+    assert not cache.l2._idle.is_set()
+    gen.close()
+    assert cache.l2._idle.is_set()
     cache.close()
