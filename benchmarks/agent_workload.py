@@ -586,7 +586,8 @@ def paired(
 # rounds is the headline; "paired" compares strategies within each round first (ratios to AR),
 # which also cancels slow stretches that last a whole round. Process CPU time of the decode
 # phase is not charged while another process runs (valid with single-threaded BLAS:
-# OPENBLAS_NUM_THREADS=1), so it shows the decoding cost with the neighbours' noise removed. "all runs" sums every run, cold start included.
+# OPENBLAS_NUM_THREADS=1), so it shows the decoding cost with the neighbours' noise removed.
+# "all runs" sums every run, cold start included.
 MEASURES: dict[str, tuple[str, str]] = {
     "wall_median": ("decode_s", "median"),
     "wall_paired": ("decode_s", "paired"),

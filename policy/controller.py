@@ -168,7 +168,7 @@ class PolicyController:
         dec = self.policy.decisions
         self.recheck_every = dec.recheck_every
         self.recheck_max = max(dec.recheck_max, dec.recheck_every)
-        # Rechecks back off while they change nothing (see `_recheck_done`).
+        # Rechecks back off while they change nothing (`_recheck_done`, `_reset_rechecks`).
         self._interval = self.recheck_every
         self._next_check = self.recheck_every
         self.min_dwell = dec.min_dwell
@@ -238,8 +238,7 @@ class PolicyController:
             if self.probe.remaining <= 0 or new_span != span:
                 self._end_probe(span)
         if new_span != span:
-            self._interval = self.recheck_every
-            self._next_check = self.steps + self.recheck_every
+            self._reset_rechecks()
             rule = self.policy.rule(self.label, new_span)
             arm, reason, kind = self._choose(rule, new_span, self.arm)
             return self._set(arm, kind, reason, new_span)
@@ -373,6 +372,11 @@ class PolicyController:
         if self.dwell >= self.min_dwell:
             self._interval = min(self._interval * 2, self.recheck_max)
         self._next_check = self.steps + self._interval
+
+    def _reset_rechecks(self) -> None:
+        """A decision or a new span: recheck at the base interval again."""
+        self._interval = self.recheck_every
+        self._next_check = self.steps + self.recheck_every
 
     def _throughput(self, arm: Arm, span: str) -> Throughput:
         if self._tp_step != self.steps:
@@ -553,8 +557,7 @@ class PolicyController:
             self.switches += 1
         if changed or kind in ("start", "probe", "probe-won", "probe-lost"):
             self.dwell = 0
-            self._interval = self.recheck_every
-            self._next_check = self.steps + self.recheck_every
+            self._reset_rechecks()
             surplus = self.est.surplus(
                 self.model_id,
                 self.label,

@@ -9,17 +9,18 @@ Timings are therefore learned from every request of a model, and only tau needs 
 A spec cycle at block B that accepted `a` draft tokens also says what a smaller block b would have
 committed (`min(a, b - 1) + 1`), so smaller block sizes learn tau from the same measurements.
 Tau never falls with the block size: a larger block's tau is floored by a smaller block's
-measured in the same scope (`_tau_mean`). Tau is also pooled per span kind over all classes (label `*`) and over everything (span `*`): a
-class or span seen for the first time starts from the pool as a prior (worth at most
+measured in the same scope (`_tau_mean`). Tau is also pooled per span kind over all classes
+(label `*`) and over everything (span `*`): a class or span seen for the first time starts
+from the pool as a prior (worth at most
 `PRIOR_SAMPLES` samples, and reported with 0 own samples, so it is still probed).
 
 Grammar-forced runs (a constraint fixed the next tokens and the stretch was fed to the target in
 one forward, without the drafter: `CycleRecord.forced`) are learned apart, per (model, class,
 span): per mode, the share of that mode's committed tokens they commit, and per arm (the
 block cuts a run: 16 takes a long stretch in one forward where 8 takes two) their seconds and
-tokens per run; an arm with none measured borrows the least-cut runs (`_forced_runs`). They never feed tau, the
-spec cycle timing or the AR step timing (they are no measure of the drafter, are shorter than
-the block, and commit several tokens per AR step); a spec cycle and an AR step ("jump-forward")
+tokens per run; an arm with none measured borrows the least-cut runs (`_forced_runs`). They
+never feed tau, the spec cycle timing or the AR step timing (they are no measure of the
+drafter, are shorter than the block, and commit several tokens per AR step); a spec cycle and an AR step ("jump-forward")
 both take forced runs, so each arm's seconds per token mix its plain cycles or steps with the
 forced runs in its measured share (`with_forced`, `ar` with a scope). Throughput is always
 committed tokens per second: an AR step that committed a run counts all its tokens.
