@@ -50,6 +50,7 @@ class KindResult:
     ar_tok_s: float
     spec_tok_s: float
     speedup: float
+    pooled_speedup: float  # all tokens over all decode time per mode: long outputs weigh more
     tokens_per_cycle: float
     acceptance_by_pos: list[float]
     phase_split: dict[str, float]
@@ -89,10 +90,12 @@ def bench_kind(
     seed: int = 0,
 ) -> KindResult:
     """Run every prompt of one kind in both modes at `temperature`; report medians of
-    per-run decode speed. Sampled runs take seeds seed, seed+1, ... (one per run)."""
+    per-run decode speed and the pooled ratio. Sampled runs take seeds seed, seed+1, ... (one per run)."""
     ar_speeds: list[float] = []
     spec_speeds: list[float] = []
     spec_stats: list[GenerationStats] = []
+    ar_pooled = [0.0, 0.0]  # tokens, decode seconds
+    spec_pooled = [0.0, 0.0]
     lossless = True
     prompt_lens, out_lens = [], []
     for p in prompts:
@@ -108,6 +111,9 @@ def bench_kind(
             ar_speeds.append(ar.decode_tokens_per_s)
             spec_speeds.append(spec.decode_tokens_per_s)
             spec_stats.append(spec)
+            for pool, st in ((ar_pooled, ar), (spec_pooled, spec)):
+                pool[0] += st.completion_tokens
+                pool[1] += st.decode_s
             out_lens.append(len(ar_tokens))
     ar_med, spec_med = statistics.median(ar_speeds), statistics.median(spec_speeds)
     cycles = [c for s in spec_stats for c in s.cycles if c.mode == "spec"]
@@ -124,6 +130,7 @@ def bench_kind(
         ar_tok_s=ar_med,
         spec_tok_s=spec_med,
         speedup=spec_med / ar_med if ar_med else 0.0,
+        pooled_speedup=_pooled_ratio(spec_pooled, ar_pooled),
         tokens_per_cycle=sum(c.committed for c in cycles) / len(cycles) if cycles else 0.0,
         acceptance_by_pos=[round(x, 3) for x in by_pos],
         phase_split={
@@ -135,6 +142,12 @@ def bench_kind(
         mean_output_tokens=statistics.mean(out_lens) if out_lens else 0.0,
         lossless=lossless if temperature == 0 else None,
     )
+
+
+def _pooled_ratio(spec: list[float], ar: list[float]) -> float:
+    spec_rate = spec[0] / spec[1] if spec[1] > 0 else 0.0
+    ar_rate = ar[0] / ar[1] if ar[1] > 0 else 0.0
+    return spec_rate / ar_rate if ar_rate else 0.0
 
 
 def run_benchmark(
@@ -189,7 +202,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"model={report['model']} draft={report['draft']} max_tokens={report['max_tokens']} "
         f"device={report['machine']['device']} blas={report['machine']['blas']}",
         f"{'kind':<10} {'temp':>5} {'AR tok/s':>9} {'spec tok/s':>10} {'speedup':>8} "
-        f"{'tok/cycle':>9} {'draft%':>7} {'verify%':>8} {'rollb%':>7} {'prompt':>7} {'out':>5} "
+        f"{'pooled':>7} {'tok/cycle':>9} {'draft%':>7} {'verify%':>8} {'rollb%':>7} {'prompt':>7} {'out':>5} "
         "lossless",
     ]
     for r in report["kinds"]:
@@ -197,7 +210,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         lossless = "-" if r["lossless"] is None else str(r["lossless"])
         lines.append(
             f"{r['kind']:<10} {r['temperature']:>5.2f} {r['ar_tok_s']:>9.1f} {r['spec_tok_s']:>10.1f} "
-            f"{r['speedup']:>7.2f}x {r['tokens_per_cycle']:>9.2f} {100 * ph['draft']:>6.1f}% "
+            f"{r['speedup']:>7.2f}x {r['pooled_speedup']:>6.2f}x {r['tokens_per_cycle']:>9.2f} {100 * ph['draft']:>6.1f}% "
             f"{100 * ph['verify']:>7.1f}% {100 * ph['rollback']:>6.1f}% "
             f"{r['mean_prompt_tokens']:>7.0f} {r['mean_output_tokens']:>5.0f} {lossless}"
         )
