@@ -1,9 +1,18 @@
-"""GatedDeltaNet recurrence for decode-time forwards (AR steps and verify blocks).
+"""GatedDeltaNet recurrence for hybrid targets: prefill chunks, AR steps and verify blocks.
 
 The verify forward of a hybrid target must be able to roll its recurrent state back to any
-accepted position. The reference implementation here is a plain MLX-ops loop that keeps the
-state after every step (the "tape"), so rollback is an index, not a replay. A fused Metal/CUDA
-kernel can replace `recurrence` behind `set_backend` as long as it returns the same states.
+accepted position, so the recurrence can return the state after every step (the "tape") and
+rollback is an index, not a replay.
+
+Two implementations return the same values:
+- `recurrence_ops`, the reference: one step at a time, a loop of small MLX ops per token
+  (mlx-lm's own ops path). A 16-token verify is 16 dependent steps per GatedDeltaNet layer.
+- `recurrence_chunked`, the default for more than one token: the chunkwise form of the gated
+  delta rule (the "WY" form of DeltaNet's chunked training kernels), a handful of batched
+  matmuls per chunk of up to `CHUNK` tokens, with every step's state from one more matmul.
+
+A fused Metal/CUDA kernel can replace `recurrence` behind `set_backend` as long as it returns
+the same states.
 """
 
 from __future__ import annotations
@@ -59,13 +68,114 @@ def recurrence_ops(
     return mx.stack(ys, axis=1), states
 
 
-_backend: RecurrenceFn = recurrence_ops
+# Tokens per closed-form chunk: a verify block fits in one; prefill chunks loop over them.
+CHUNK = 16
+
+
+def recurrence_chunked(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    g: mx.array,
+    beta: mx.array,
+    state: mx.array,
+    keep_states: bool,
+) -> tuple[mx.array, list[mx.array]]:
+    """The gated delta rule over T steps in chunks of `CHUNK`, same shapes and results as
+    `recurrence_ops` (up to float32 rounding). One token falls back to the step."""
+    if q.shape[1] == 1:
+        return recurrence_ops(q, k, v, g, beta, state, keep_states)
+    hk, hv = q.shape[2], v.shape[2]
+    if hv > hk:
+        q = mx.repeat(q, hv // hk, axis=2)
+        k = mx.repeat(k, hv // hk, axis=2)
+    # Heads first, float32 throughout (the state is float32).
+    qh, kh, vh = (x.transpose(0, 2, 1, 3).astype(mx.float32) for x in (q, k, v))
+    gh, bh = (x.transpose(0, 2, 1).astype(mx.float32) for x in (g, beta))
+    ys: list[mx.array] = []
+    states: list[mx.array] = []
+    for c0 in range(0, qh.shape[2], CHUNK):
+        c1 = min(c0 + CHUNK, qh.shape[2])
+        y, state, chunk_states = _chunk(
+            qh[:, :, c0:c1],
+            kh[:, :, c0:c1],
+            vh[:, :, c0:c1],
+            gh[..., c0:c1],
+            bh[..., c0:c1],
+            state,
+            keep_states,
+        )
+        ys.append(y)
+        states.extend(chunk_states)
+    if not keep_states:
+        states.append(state)
+    y = ys[0] if len(ys) == 1 else mx.concatenate(ys, axis=2)
+    return y.transpose(0, 2, 1, 3).astype(q.dtype), states
+
+
+def _chunk(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    g: mx.array,
+    beta: mx.array,
+    s0: mx.array,
+    keep_states: bool,
+) -> tuple[mx.array, mx.array, list[mx.array]]:
+    """One chunk in closed form. q,k [B,H,C,Dk]; v [B,H,C,Dv]; g, beta [B,H,C]; s0 [B,H,Dv,Dk].
+
+    With G_t = g_1...g_t, the step S_t = g_t S_{t-1} + u_t k_t^T (u_t the step's delta)
+    unrolls to S_t = G_t S_0 + sum_{j<=t} (G_t/G_j) u_j k_j^T, so the deltas solve one unit
+    lower-triangular system (I + A) U = beta * (V - G * K S_0^T), A_tj = beta_t (G_t/G_j)
+    k_t.k_j for j < t, and y_t = S_t q_t needs no loop. Returns y [B,H,C,Dv], the final state
+    and, with `keep_states`, the state after each step."""
+    c = q.shape[2]
+    # log G, floored so a decay that underflowed to 0 stays finite (its products stay ~0).
+    log_g = mx.cumsum(mx.log(mx.maximum(g, 1e-30)), axis=-1)
+    steps = mx.arange(c)
+    upto = steps[:, None] >= steps[None, :]  # j <= t
+    before = steps[:, None] > steps[None, :]  # j < t
+    diff = log_g[..., :, None] - log_g[..., None, :]
+    decay = mx.where(upto, mx.exp(mx.where(upto, diff, 0.0)), 0.0)  # G_t / G_j, j <= t
+    gain = mx.exp(log_g)[..., None]  # G_t
+    s0_t = s0.swapaxes(-1, -2)  # [B,H,Dk,Dv]
+    a = mx.where(before, decay, 0.0) * (k @ k.swapaxes(-1, -2)) * beta[..., None]
+    rhs = beta[..., None] * (v - gain * (k @ s0_t))
+    u = _unit_lower_solve(a, rhs)
+    y = gain * (q @ s0_t) + (decay * (q @ k.swapaxes(-1, -2))) @ u
+    last = decay[..., -1, :, None]  # G_C / G_j
+    final = gain[:, :, -1][..., None] * s0 + (u * last).swapaxes(-1, -2) @ k
+    if not keep_states:
+        return y, final, []
+    # S_t for every t: [B,H,C,Dv,Dk] from one batched matmul over j.
+    weighted = decay[..., :, :, None] * u[..., None, :, :]  # [B,H,C(t),C(j),Dv]
+    every = gain[..., None] * s0[:, :, None] + weighted.swapaxes(-1, -2) @ k[:, :, None]
+    return y, final, [every[:, :, t] for t in range(c)]
+
+
+def _unit_lower_solve(a: mx.array, rhs: mx.array) -> mx.array:
+    """(I + A)^-1 rhs for strictly lower-triangular A [..., C, C]: A is nilpotent, so the
+    inverse is the finite series I - A + A^2 - ..., which the product
+    (I - A)(I + A^2)(I + A^4)... reaches in log2(C) matmul pairs (no triangular solver,
+    which MLX only has on the CPU)."""
+    c = a.shape[-1]
+    eye = mx.eye(c, dtype=a.dtype)
+    inverse = eye - a
+    power, reach = a, 2
+    while reach < c:
+        power = power @ power
+        inverse = inverse @ (eye + power)
+        reach *= 2
+    return inverse @ rhs
+
+
+_backend: RecurrenceFn = recurrence_chunked
 
 
 def set_backend(fn: RecurrenceFn | None) -> None:
-    """Swap the recurrence implementation (None restores the ops reference)."""
+    """Swap the recurrence implementation (None restores the default, the chunked form)."""
     global _backend
-    _backend = fn or recurrence_ops
+    _backend = fn or recurrence_chunked
 
 
 def recurrence(
@@ -77,5 +187,5 @@ def recurrence(
     state: mx.array,
     keep_states: bool,
 ) -> tuple[mx.array, list[mx.array]]:
-    """Dispatch to the active implementation (ops reference unless a kernel was installed)."""
+    """Dispatch to the active implementation (the chunked form unless one was installed)."""
     return _backend(q, k, v, g, beta, state, keep_states)
