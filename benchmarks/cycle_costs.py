@@ -3,8 +3,10 @@
 Random weights (acceptance is not measured here): for each target shape this times, at a
 given context length, one target-only step, the verify forward of a block, the draft call and
 the rollback, through toolflash's own session code, and prints the break-even tokens per
-cycle ((draft + verify + rollback) / AR step). Run it on the machine you care about, e.g.
-`python benchmarks/cycle_costs.py --shapes qwen3-4b,qwen3.5-9b --context 1024`.
+cycle ((draft + verify + rollback) / AR step), and the prefill time of the context. Hybrid
+shapes run once per GatedDeltaNet recurrence named in `--recurrence` (the chunked default and
+the step-by-step reference), side by side in one process. Run it on the machine you care
+about, e.g. `python benchmarks/cycle_costs.py --shapes qwen3-4b,qwen3.5-9b --context 1024`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from toolflash.engine.drafter import DFlashDrafter, DraftConfig
 from toolflash.engine.session import GenerationSession
 from toolflash.engine.targets.qwen3 import Qwen3Target
 from toolflash.engine.targets.qwen3_5 import Qwen35Target
+from toolflash.kernels import gated_delta
+
+RECURRENCES = {"chunked": gated_delta.recurrence_chunked, "ops": gated_delta.recurrence_ops}
 
 SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {
@@ -32,6 +37,21 @@ SHAPES: dict[str, dict[str, Any]] = {
         "head_dim": 64,
         "inter": 768,
         "vocab": 4096,
+    },
+    "tiny-hybrid": {  # the shipped qwen35-tiny's shape
+        "family": "qwen3_5",
+        "hidden": 192,
+        "layers": 4,
+        "heads": 3,
+        "kv": 1,
+        "head_dim": 64,
+        "inter": 576,
+        "vocab": 4096,
+        "lin_k_heads": 2,
+        "lin_v_heads": 4,
+        "lin_k_dim": 32,
+        "lin_v_dim": 64,
+        "attention_interval": 2,
     },
     "qwen3-4b": {
         "family": "qwen3",
@@ -107,7 +127,7 @@ def build_target(shape: dict[str, Any], dtype: mx.Dtype) -> Any:
             "linear_key_head_dim": shape["lin_k_dim"],
             "linear_value_head_dim": shape["lin_v_dim"],
             "linear_conv_kernel_dim": 4,
-            "full_attention_interval": 4,
+            "full_attention_interval": shape.get("attention_interval", 4),
             "tie_word_embeddings": False,
         }
         model = qwen3_5.Model(qwen3_5.ModelArgs(model_type="qwen3_5", text_config=text))
@@ -120,13 +140,15 @@ def build_target(shape: dict[str, Any], dtype: mx.Dtype) -> Any:
 def build_drafter(shape: dict[str, Any], layers: int, block: int, dtype: mx.Dtype) -> DFlashDrafter:
     n = shape["layers"]
     ids = [round(1 + i * (n - 4) / 4) for i in range(5)]
+    # Published Qwen3.5 drafts use 32 heads x 128 (8 KV) whatever the target's attention.
+    own = shape["family"] == "qwen3" or shape["hidden"] < 1024
     cfg = DraftConfig.from_dict(
         {
             "hidden_size": shape["hidden"],
             "num_hidden_layers": layers,
-            "num_attention_heads": shape["heads"] if shape["family"] == "qwen3" else 32,
-            "num_key_value_heads": shape["kv"] if shape["family"] == "qwen3" else 8,
-            "head_dim": shape["head_dim"] if shape["family"] == "qwen3" else 128,
+            "num_attention_heads": shape["heads"] if own else 32,
+            "num_key_value_heads": shape["kv"] if own else 8,
+            "head_dim": shape["head_dim"] if own else 128,
             "intermediate_size": shape["inter"],
             "vocab_size": shape["vocab"],
             "block_size": block,
@@ -141,15 +163,17 @@ def build_drafter(shape: dict[str, Any], layers: int, block: int, dtype: mx.Dtyp
     return drafter
 
 
-def measure(name: str, context: int, block: int, steps: int, dtype: mx.Dtype) -> dict[str, Any]:
-    shape = SHAPES[name]
-    target = build_target(shape, dtype)
-    drafter = build_drafter(shape, 5 if name != "tiny" else 1, block, dtype)
-    prompt = [int(x) for x in mx.random.randint(0, shape["vocab"] - 2, (context,)).tolist()]
-    out: dict[str, Any] = {"shape": name, "context": context, "block": block}
+def measure(
+    target: Any, drafter: DFlashDrafter, vocab: int, context: int, block: int, steps: int
+) -> dict[str, Any]:
+    """AR step, draft, verify and rollback medians (ms) and the prefill time at `context`."""
+    prompt = [int(x) for x in mx.random.randint(0, vocab - 2, (context,)).tolist()]
+    out: dict[str, Any] = {"context": context, "block": block}
     for mode in ("ar", "spec"):
         session = GenerationSession(target, drafter)
+        t0 = time.perf_counter()
         session.prefill(prompt)
+        out[f"prefill_ms_{mode}"] = 1000 * (time.perf_counter() - t0)
         for _ in range(3):  # warm-up
             session.step(mode, block, lambda c: None)
         records = [session.step(mode, block, lambda c: None).record for _ in range(steps)]
@@ -159,6 +183,9 @@ def measure(name: str, context: int, block: int, steps: int, dtype: mx.Dtype) ->
             out["draft_ms"] = 1000 * statistics.median(r.draft_s for r in records)
             out["verify_ms"] = 1000 * statistics.median(r.verify_s for r in records)
             out["rollback_ms"] = 1000 * statistics.median(r.rollback_s for r in records)
+    # The first prefill also pays first-call compilation; the second is the figure.
+    out["prefill_ms"] = out.pop("prefill_ms_spec")
+    out.pop("prefill_ms_ar")
     cycle = out["draft_ms"] + out["verify_ms"] + out["rollback_ms"]
     out["verify_over_ar"] = out["verify_ms"] / out["ar_step_ms"]
     out["break_even_tokens_per_cycle"] = cycle / out["ar_step_ms"]
@@ -172,21 +199,42 @@ def main() -> None:
     p.add_argument("--block", type=int, default=16)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument(
+        "--recurrence",
+        default="chunked,ops",
+        help="GatedDeltaNet recurrences to compare on hybrid shapes (chunked, ops)",
+    )
     p.add_argument("--json", dest="json_out", default=None)
     args = p.parse_args()
     dtype = getattr(mx, args.dtype)
+    recurrences = args.recurrence.split(",")
+    unknown = set(recurrences) - set(RECURRENCES)
+    if unknown:
+        raise SystemExit(
+            f"--recurrence: unknown {sorted(unknown)}; choose from {sorted(RECURRENCES)}"
+        )
     rows = []
     t0 = time.time()
     for name in args.shapes.split(","):
+        shape = SHAPES[name]
+        target = build_target(shape, dtype)
+        drafter = build_drafter(shape, 1 if name.startswith("tiny") else 5, args.block, dtype)
+        kinds = recurrences if shape["family"] == "qwen3_5" else ["-"]
         for ctx in (int(c) for c in args.context.split(",")):
-            row = measure(name, ctx, args.block, args.steps, dtype)
-            rows.append(row)
-            print(
-                f"{name:<12} ctx={ctx:<6} AR {row['ar_step_ms']:7.2f} ms  draft {row['draft_ms']:6.2f}"
-                f"  verify {row['verify_ms']:7.2f} ({row['verify_over_ar']:.2f}x AR)  rollback "
-                f"{row['rollback_ms']:5.2f}  break-even tau {row['break_even_tokens_per_cycle']:.2f}",
-                flush=True,
-            )
+            for kind in kinds:
+                gated_delta.set_backend(RECURRENCES.get(kind))
+                row = {"shape": name, "recurrence": kind}
+                row.update(measure(target, drafter, shape["vocab"], ctx, args.block, args.steps))
+                rows.append(row)
+                print(
+                    f"{name:<12} {kind:<8} ctx={ctx:<6} prefill {row['prefill_ms']:8.1f} ms  "
+                    f"AR {row['ar_step_ms']:7.2f} ms  draft {row['draft_ms']:6.2f}  verify "
+                    f"{row['verify_ms']:7.2f} ({row['verify_over_ar']:.2f}x AR)  rollback "
+                    f"{row['rollback_ms']:5.2f}  break-even tau "
+                    f"{row['break_even_tokens_per_cycle']:.2f}",
+                    flush=True,
+                )
+    gated_delta.set_backend(None)
     report = {
         "device": str(mx.default_device()),
         "dtype": args.dtype,

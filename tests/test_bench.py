@@ -43,3 +43,13 @@ def test_every_kind_at_every_temperature_side_by_side() -> None:
     assert sampled and {s.seed for s in sampled} == {5}  # one prompt per kind, one repeat
     text = format_report(report)
     assert "T=0.6" in text and "tokens per cycle / speedup vs AR" in text
+
+
+def test_pooled_ratio_weighs_long_runs() -> None:
+    # AR: 10 tokens in 1 s and 100 in 10 s; spec: 4x faster on the short run, even on the
+    # long one. The per-run median says 2.5x; all tokens over all time say ~1.07x.
+    spec = [110.0, 0.25 + 10.0]
+    ar = [110.0, 1.0 + 10.0]
+    assert bench._pooled_ratio(spec, ar) == pytest.approx(11.0 / 10.25)
+    assert bench._pooled_ratio([0.0, 0.0], ar) == 0.0
+    assert bench._pooled_ratio(spec, [0.0, 0.0]) == 0.0
