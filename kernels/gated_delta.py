@@ -9,7 +9,8 @@ Two implementations return the same values:
   (mlx-lm's own ops path). A 16-token verify is 16 dependent steps per GatedDeltaNet layer.
 - `recurrence_chunked`, the default for more than one token: the chunkwise form of the gated
   delta rule (the "WY" form of DeltaNet's chunked training kernels), a handful of batched
-  matmuls per chunk of up to `CHUNK` tokens, with every step's state from one more matmul.
+  matmuls per chunk of up to `CHUNK` tokens; each step's state is one more matmul, built
+  lazily, so a rollback computes only the state it keeps.
 
 A fused Metal/CUDA kernel can replace `recurrence` behind `set_backend` as long as it returns
 the same states.
@@ -128,7 +129,7 @@ def _chunk(
     unrolls to S_t = G_t S_0 + sum_{j<=t} (G_t/G_j) u_j k_j^T, so the deltas solve one unit
     lower-triangular system (I + A) U = beta * (V - G * K S_0^T), A_tj = beta_t (G_t/G_j)
     k_t.k_j for j < t, and y_t = S_t q_t needs no loop. Returns y [B,H,C,Dv], the final state
-    and, with `keep_states`, the state after each step."""
+    and, with `keep_states`, the state after each step (lazy: only those used are computed)."""
     c = q.shape[2]
     # log G, floored so a decay that underflowed to 0 stays finite (its products stay ~0).
     log_g = mx.cumsum(mx.log(mx.maximum(g, 1e-30)), axis=-1)
@@ -143,14 +144,19 @@ def _chunk(
     rhs = beta[..., None] * (v - gain * (k @ s0_t))
     u = _unit_lower_solve(a, rhs)
     y = gain * (q @ s0_t) + (decay * (q @ k.swapaxes(-1, -2))) @ u
-    last = decay[..., -1, :, None]  # G_C / G_j
-    final = gain[:, :, -1][..., None] * s0 + (u * last).swapaxes(-1, -2) @ k
-    if not keep_states:
-        return y, final, []
-    # S_t for every t: [B,H,C,Dv,Dk] from one batched matmul over j.
-    weighted = decay[..., :, :, None] * u[..., None, :, :]  # [B,H,C(t),C(j),Dv]
-    every = gain[..., None] * s0[:, :, None] + weighted.swapaxes(-1, -2) @ k[:, :, None]
-    return y, final, [every[:, :, t] for t in range(c)]
+
+    def state_after(t: int) -> mx.array:
+        # S_t = G_t S_0 + sum_{j<=t} (G_t/G_j) u_j k_j^T: one [Dv, t+1] x [t+1, Dk] matmul.
+        weights = decay[..., t, : t + 1, None]  # G_t / G_j
+        return (
+            gain[:, :, t][..., None] * s0
+            + (u[..., : t + 1, :] * weights).swapaxes(-1, -2) @ k[..., : t + 1, :]
+        )
+
+    # Each state is its own lazy expression: a verify block's rollback evaluates the one it
+    # keeps (and the cache the last), never all of them.
+    states = [state_after(t) for t in range(c)] if keep_states else [state_after(c - 1)]
+    return y, states[-1], states if keep_states else []
 
 
 def _unit_lower_solve(a: mx.array, rhs: mx.array) -> mx.array:
