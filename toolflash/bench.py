@@ -90,7 +90,8 @@ def bench_kind(
     seed: int = 0,
 ) -> KindResult:
     """Run every prompt of one kind in both modes at `temperature`; report medians of
-    per-run decode speed and the pooled ratio. Sampled runs take seeds seed, seed+1, ... (one per run)."""
+    per-run decode speed and the pooled ratio. Sampled runs take seeds seed, seed+1, ...
+    (one per run)."""
     ar_speeds: list[float] = []
     spec_speeds: list[float] = []
     spec_stats: list[GenerationStats] = []
@@ -202,15 +203,16 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"model={report['model']} draft={report['draft']} max_tokens={report['max_tokens']} "
         f"device={report['machine']['device']} blas={report['machine']['blas']}",
         f"{'kind':<10} {'temp':>5} {'AR tok/s':>9} {'spec tok/s':>10} {'speedup':>8} "
-        f"{'pooled':>7} {'tok/cycle':>9} {'draft%':>7} {'verify%':>8} {'rollb%':>7} {'prompt':>7} {'out':>5} "
-        "lossless",
+        f"{'pooled':>7} {'tok/cycle':>9} {'draft%':>7} {'verify%':>8} {'rollb%':>7} "
+        f"{'prompt':>7} {'out':>5} lossless",
     ]
     for r in report["kinds"]:
         ph = r["phase_split"]
         lossless = "-" if r["lossless"] is None else str(r["lossless"])
         lines.append(
             f"{r['kind']:<10} {r['temperature']:>5.2f} {r['ar_tok_s']:>9.1f} {r['spec_tok_s']:>10.1f} "
-            f"{r['speedup']:>7.2f}x {r['pooled_speedup']:>6.2f}x {r['tokens_per_cycle']:>9.2f} {100 * ph['draft']:>6.1f}% "
+            f"{r['speedup']:>7.2f}x {r['pooled_speedup']:>6.2f}x {r['tokens_per_cycle']:>9.2f} "
+            f"{100 * ph['draft']:>6.1f}% "
             f"{100 * ph['verify']:>7.1f}% {100 * ph['rollback']:>6.1f}% "
             f"{r['mean_prompt_tokens']:>7.0f} {r['mean_output_tokens']:>5.0f} {lossless}"
         )
