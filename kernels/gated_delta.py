@@ -131,19 +131,7 @@ def _chunk(
     k_t.k_j for j < t, and y_t = S_t q_t needs no loop. Returns y [B,H,C,Dv], the final state
     and, with `keep_states`, the state after each step (lazy: only those used are computed)."""
     c = q.shape[2]
-    # log G, floored so a decay that underflowed to 0 stays finite (its products stay ~0).
-    log_g = mx.cumsum(mx.log(mx.maximum(g, 1e-30)), axis=-1)
-    steps = mx.arange(c)
-    upto = steps[:, None] >= steps[None, :]  # j <= t
-    before = steps[:, None] > steps[None, :]  # j < t
-    diff = log_g[..., :, None] - log_g[..., None, :]
-    decay = mx.where(upto, mx.exp(mx.where(upto, diff, 0.0)), 0.0)  # G_t / G_j, j <= t
-    gain = mx.exp(log_g)[..., None]  # G_t
-    s0_t = s0.swapaxes(-1, -2)  # [B,H,Dk,Dv]
-    a = mx.where(before, decay, 0.0) * (k @ k.swapaxes(-1, -2)) * beta[..., None]
-    rhs = beta[..., None] * (v - gain * (k @ s0_t))
-    u = _unit_lower_solve(a, rhs)
-    y = gain * (q @ s0_t) + (decay * (q @ k.swapaxes(-1, -2))) @ u
+    y, u, decay, gain = _chunk_core(q, k, v, g, beta, s0)
 
     def state_after(t: int) -> mx.array:
         # S_t = G_t S_0 + sum_{j<=t} (G_t/G_j) u_j k_j^T: one [Dv, t+1] x [t+1, Dk] matmul.
@@ -157,6 +145,29 @@ def _chunk(
     # keeps (and the cache the last), never all of them.
     states = [state_after(t) for t in range(c)] if keep_states else [state_after(c - 1)]
     return y, states[-1], states if keep_states else []
+
+
+@mx.compile
+def _chunk_core(
+    q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, s0: mx.array
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """The chunk's outputs y, deltas u, decays G_t/G_j (j <= t, else 0) and gains G_t,
+    compiled so the elementwise work fuses (one graph per chunk length)."""
+    c = q.shape[2]
+    # log G, floored so a decay that underflowed to 0 stays finite (its products stay ~0).
+    log_g = mx.cumsum(mx.log(mx.maximum(g, 1e-30)), axis=-1)
+    steps = mx.arange(c)
+    upto = steps[:, None] >= steps[None, :]  # j <= t
+    before = steps[:, None] > steps[None, :]  # j < t
+    diff = log_g[..., :, None] - log_g[..., None, :]
+    decay = mx.where(upto, mx.exp(mx.where(upto, diff, 0.0)), 0.0)  # G_t / G_j, j <= t
+    gain = mx.exp(log_g)[..., None]  # G_t
+    s0_t = s0.swapaxes(-1, -2)  # [B,H,Dk,Dv]
+    a = mx.where(before, decay, 0.0) * (k @ k.swapaxes(-1, -2)) * beta[..., None]
+    rhs = beta[..., None] * (v - gain * (k @ s0_t))
+    u = _unit_lower_solve(a, rhs)
+    y = gain * (q @ s0_t) + (decay * (q @ k.swapaxes(-1, -2))) @ u
+    return y, u, decay, gain
 
 
 def _unit_lower_solve(a: mx.array, rhs: mx.array) -> mx.array:
