@@ -22,6 +22,7 @@ import numpy as np
 import structlog
 from mlx.utils import tree_flatten
 
+from toolflash.engine.targets.qwen3_5 import training_logits
 from toolflash.zoo.corpus import corpus_digest, render_training_text
 from toolflash.zoo.records import Record
 from toolflash.zoo.target_configs import (
@@ -155,8 +156,14 @@ def train_target(
     params = sum(v.size for v in flat_parameters(model).values())
     opt = optim.AdamW(learning_rate=_schedule(lr, steps), betas=[0.9, 0.95], weight_decay=0.1)
 
+    # The hybrid trains through the chunked GatedDeltaNet recurrence (same function as
+    # mlx-lm's forward, 2.3x faster per step on the CPU); the saved weights are mlx-lm's.
+    forward: Callable[[nn.Module, mx.array], mx.array] = (
+        training_logits if family == "qwen3_5" else lambda m, x: m(x)
+    )
+
     def loss_fn(m: nn.Module, x: mx.array, y: mx.array) -> mx.array:
-        return nn.losses.cross_entropy(m(x).astype(mx.float32), y, reduction="mean")
+        return nn.losses.cross_entropy(forward(m, x).astype(mx.float32), y, reduction="mean")
 
     state = [model.state, opt.state]
 

@@ -37,7 +37,7 @@ class GdnTape:
 def gated_delta_forward(
     layer: Any, x: mx.array, cache: ArraysCache, keep_tape: bool
 ) -> tuple[mx.array, GdnTape | None]:
-    """mlx-lm's GatedDeltaNet forward for batch 1 without padding, with an optional tape."""
+    """mlx-lm's GatedDeltaNet forward for a batch without padding, with an optional tape."""
     b, s, _ = x.shape
     qkv = layer.in_proj_qkv(x)
     z = layer.in_proj_z(x).reshape(b, s, layer.num_v_heads, layer.head_v_dim)
@@ -131,3 +131,14 @@ class Qwen35Target(DecoderStack):
             layer_tape: GdnTape = result.tape[i]
             c[0] = layer_tape.conv_input[:, keep : keep + self.conv_keep, :]
             c[1] = layer_tape.states[keep - 1]
+
+
+def training_logits(model: Any, tokens: mx.array) -> mx.array:
+    """Logits of a whole batch of unpadded sequences [B, T], nothing cached: the function
+    mlx-lm's forward computes, with the recurrence in toolflash's chunked form (differentiable
+    MLX ops). Target training uses it: on the CPU a step takes less than half the time of
+    mlx-lm's forward, whose recurrence is a loop over every position."""
+    adapter = Qwen35Target(model)
+    adapter.attention_kernel = None  # the layers' own attention: no cache, causal mask
+    cache = [ArraysCache(size=2) if layer.is_linear else None for layer in adapter.layers]
+    return adapter.forward(tokens, cache).logits

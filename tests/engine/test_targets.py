@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from toolflash.engine.draft_context import DraftContext, DraftWindow
 from toolflash.engine.targets.qwen3 import Qwen3Target
-from toolflash.engine.targets.qwen3_5 import Qwen35Target, gated_delta_forward
+from toolflash.engine.targets.qwen3_5 import Qwen35Target, gated_delta_forward, training_logits
 from toolflash.kernels import gated_delta
 
 from .tiny_models import drafter_for, qwen3_target, qwen35_target
@@ -46,6 +48,25 @@ def test_gated_delta_forward_matches_mlx_lm_layer() -> None:
     assert mx.allclose(cache[1], ref_cache[1], atol=1e-5).item()
     assert mx.allclose(cache[0], ref_cache[0]).item()
     assert tape is not None and len(tape.states) == 9
+
+
+def test_training_logits_match_mlx_lm_and_carry_gradients() -> None:
+    model = qwen35_target()
+    tokens = mx.random.randint(0, 64, (3, 40))  # a batch, longer than one 16-token chunk
+    assert mx.allclose(training_logits(model, tokens), model(tokens), atol=1e-4).item()
+
+    def loss(m: nn.Module, x: mx.array) -> mx.array:
+        return training_logits(m, x).astype(mx.float32).mean()
+
+    def ref_loss(m: nn.Module, x: mx.array) -> mx.array:
+        return m(x).astype(mx.float32).mean()
+
+    _, grads = nn.value_and_grad(model, loss)(model, tokens)
+    _, ref_grads = nn.value_and_grad(model, ref_loss)(model, tokens)
+    ours, theirs = dict(tree_flatten(grads)), dict(tree_flatten(ref_grads))
+    assert ours.keys() == theirs.keys()
+    for name, g in ours.items():
+        assert mx.allclose(g, theirs[name], atol=1e-4, rtol=1e-3).item(), name
 
 
 def test_recurrence_states_are_prefix_states() -> None:
