@@ -41,6 +41,15 @@ def _step(
     return y.astype(q.dtype), state
 
 
+def _expand_heads(q: mx.array, k: mx.array, hv: int) -> tuple[mx.array, mx.array]:
+    """Repeat the Hk query/key heads [B,T,Hk,D] to the Hv value heads (grouped heads)."""
+    hk = q.shape[2]
+    if hv > hk:
+        q = mx.repeat(q, hv // hk, axis=2)
+        k = mx.repeat(k, hv // hk, axis=2)
+    return q, k
+
+
 def recurrence_ops(
     q: mx.array,
     k: mx.array,
@@ -53,10 +62,7 @@ def recurrence_ops(
     """Gated delta rule over T steps. q,k [B,T,Hk,Dk]; v [B,T,Hv,Dv]; g, beta [B,T,Hv];
     state [B,Hv,Dv,Dk]. Returns y [B,T,Hv,Dv] and the states after each step when
     `keep_states` (else only the final state)."""
-    hk, hv = q.shape[2], v.shape[2]
-    if hv > hk:
-        q = mx.repeat(q, hv // hk, axis=2)
-        k = mx.repeat(k, hv // hk, axis=2)
+    q, k = _expand_heads(q, k, v.shape[2])
     ys = []
     states = []
     for t in range(q.shape[1]):
@@ -86,10 +92,7 @@ def recurrence_chunked(
     `recurrence_ops` (up to float32 rounding). One token falls back to the step."""
     if q.shape[1] == 1:
         return recurrence_ops(q, k, v, g, beta, state, keep_states)
-    hk, hv = q.shape[2], v.shape[2]
-    if hv > hk:
-        q = mx.repeat(q, hv // hk, axis=2)
-        k = mx.repeat(k, hv // hk, axis=2)
+    q, k = _expand_heads(q, k, v.shape[2])
     # Heads first, float32 throughout (the state is float32).
     qh, kh, vh = (x.transpose(0, 2, 1, 3).astype(mx.float32) for x in (q, k, v))
     gh, bh = (x.transpose(0, 2, 1).astype(mx.float32) for x in (g, beta))
@@ -97,7 +100,7 @@ def recurrence_chunked(
     states: list[mx.array] = []
     for c0 in range(0, qh.shape[2], CHUNK):
         c1 = min(c0 + CHUNK, qh.shape[2])
-        y, state, chunk_states = _chunk(
+        y, chunk_states = _chunk(
             qh[:, :, c0:c1],
             kh[:, :, c0:c1],
             vh[:, :, c0:c1],
@@ -107,7 +110,9 @@ def recurrence_chunked(
             keep_states,
         )
         ys.append(y)
-        states.extend(chunk_states)
+        state = chunk_states[-1]
+        if keep_states:
+            states.extend(chunk_states)
     if not keep_states:
         states.append(state)
     y = ys[0] if len(ys) == 1 else mx.concatenate(ys, axis=2)
@@ -122,14 +127,15 @@ def _chunk(
     beta: mx.array,
     s0: mx.array,
     keep_states: bool,
-) -> tuple[mx.array, mx.array, list[mx.array]]:
+) -> tuple[mx.array, list[mx.array]]:
     """One chunk in closed form. q,k [B,H,C,Dk]; v [B,H,C,Dv]; g, beta [B,H,C]; s0 [B,H,Dv,Dk].
 
     With G_t = g_1...g_t, the step S_t = g_t S_{t-1} + u_t k_t^T (u_t the step's delta)
     unrolls to S_t = G_t S_0 + sum_{j<=t} (G_t/G_j) u_j k_j^T, so the deltas solve one unit
     lower-triangular system (I + A) U = beta * (V - G * K S_0^T), A_tj = beta_t (G_t/G_j)
-    k_t.k_j for j < t, and y_t = S_t q_t needs no loop. Returns y [B,H,C,Dv], the final state
-    and, with `keep_states`, the state after each step (lazy: only those used are computed)."""
+    k_t.k_j for j < t, and y_t = S_t q_t needs no loop. Returns y [B,H,C,Dv] and the state
+    after each step with `keep_states`, else only the final one (lazy: only the states used
+    are computed)."""
     c = q.shape[2]
     y, u, decay, gain = _chunk_core(q, k, v, g, beta, s0)
 
@@ -143,8 +149,7 @@ def _chunk(
 
     # Each state is its own lazy expression: a verify block's rollback evaluates the one it
     # keeps (and the cache the last), never all of them.
-    states = [state_after(t) for t in range(c)] if keep_states else [state_after(c - 1)]
-    return y, states[-1], states if keep_states else []
+    return y, [state_after(t) for t in range(c)] if keep_states else [state_after(c - 1)]
 
 
 @mx.compile
