@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -265,29 +266,44 @@ def _without_ids(reply: dict[str, Any]) -> dict[str, Any]:
     return {**reply, "tool_calls": calls} if calls else reply
 
 
-def replay(
-    base: str,
+def replay_paired(
+    base_ref: str,
+    base_test: str,
     system: str,
     turns: int,
     max_tokens: int,
     tools: list[dict[str, Any]],
     scripted: bool,
     user_turns: bool = True,
-) -> list[dict[str, Any]]:
-    client = OpenAI(base_url=f"{base}/v1", api_key="none")
-    rows = []
+    gap_s: float = 1.0,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Drive one session through two servers turn by turn: each turn goes to both, back to
+    back, in alternating order, so a slow stretch of a shared machine lands on both sides of
+    the ratio. The transcript continues from the reference server's reply (greedy decoding and
+    an exact cache make the two replies equal; the caller checks). `gap_s` of idle time follow
+    each request: an agent runs its tool between two turns, and the pause keeps one server's
+    background snapshot write out of the other's measured request."""
+    ref_client = OpenAI(base_url=f"{base_ref}/v1", api_key="none")
+    test_client = OpenAI(base_url=f"{base_test}/v1", api_key="none")
+    ref_rows: list[dict[str, Any]] = []
+    test_rows: list[dict[str, Any]] = []
     scripted_turns = session_turns(turns, system) if scripted else []
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}, user_message(0)]
     for i in range(turns):
         if scripted:
             messages = scripted_turns[i]
-        row, reply = stream_turn(client, messages, max_tokens, tools)
-        row["turn"] = i + 1
-        row["reply"] = reply
-        rows.append(row)
+        order = [(ref_client, ref_rows), (test_client, test_rows)]
+        replies = {}
+        for client, rows in order if i % 2 == 0 else reversed(order):
+            row, reply = stream_turn(client, messages, max_tokens, tools)
+            row["turn"] = i + 1
+            row["reply"] = reply
+            rows.append(row)
+            replies[id(rows)] = reply
+            time.sleep(gap_s)
         if not scripted:
-            messages = messages + follow_up(i, reply, user_turns)
-    return rows
+            messages = messages + follow_up(i, replies[id(ref_rows)], user_turns)
+    return ref_rows, test_rows
 
 
 def rss_mb(proc: subprocess.Popen[bytes]) -> float:
@@ -300,6 +316,87 @@ def rss_mb(proc: subprocess.Popen[bytes]) -> float:
     return 0.0
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server the way a user does (SIGTERM): the L2 writer flushes before it exits."""
+    proc.terminate()
+    proc.wait(timeout=60)
+
+
+def run_once(
+    args: argparse.Namespace, system: str, tools: list[dict[str, Any]], cold_base: str
+) -> dict[str, Any]:
+    """One repeat: cold vs warm (L1, with a disk tier) turn by turn, then cold vs a server
+    restarted on that disk tier (L2), turn by turn."""
+    session = dict(
+        system=system,
+        turns=args.turns,
+        max_tokens=args.max_tokens,
+        tools=tools,
+        scripted=args.scripted,
+        user_turns=not args.no_user_turns,
+        gap_s=args.gap_s,
+    )
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as disk:
+        cache_flags = ["--cache-dir", disk, "--policy", "off"]
+        warm, warm_base = start_server(cache_flags)
+        try:
+            out["cold"], out["warm_l1"] = replay_paired(cold_base, warm_base, **session)
+            out["warm_l1_rss_mb"] = round(rss_mb(warm), 1)
+        finally:
+            stop(warm)
+        out["l2_disk_mb"] = round(sum(f.stat().st_size for f in Path(disk).iterdir()) / 1e6, 1)
+        restarted, restart_base = start_server(cache_flags)
+        try:
+            out["cold_l2_pass"], out["restart_l2"] = replay_paired(
+                cold_base, restart_base, **session
+            )
+            out["restart_l2_rss_mb"] = round(rss_mb(restarted), 1)
+        finally:
+            stop(restarted)
+    out["same_transcript"] = all(
+        c["prompt_tokens"] == t["prompt_tokens"]
+        and _without_ids(c["reply"]) == _without_ids(t["reply"])
+        for ref, test in (("cold", "warm_l1"), ("cold_l2_pass", "restart_l2"))
+        for c, t in zip(out[ref], out[test], strict=True)
+    ) and [_without_ids(r["reply"]) for r in out["cold"]] == [
+        _without_ids(r["reply"]) for r in out["cold_l2_pass"]
+    ]
+    return out
+
+
+def summarize(repeats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per turn: token counts, the median cold TTFT, and each tier's warm/cold TTFT ratio
+    (paired within a repeat) as median, min and max over the repeats."""
+    rows = []
+    for t in range(len(repeats[0]["cold"])):
+        first = repeats[0]["warm_l1"][t]
+        l1 = [r["warm_l1"][t]["ttft_s"] / r["cold"][t]["ttft_s"] for r in repeats]
+        l2 = [r["restart_l2"][t]["ttft_s"] / r["cold_l2_pass"][t]["ttft_s"] for r in repeats]
+        prompt = first["prompt_tokens"]
+        rows.append(
+            {
+                "turn": t + 1,
+                "prompt_tokens": prompt,
+                "restored_tokens": first["cached_tokens"],
+                "computed_tokens": first["computed_tokens"],
+                "cold_ttft_s": statistics.median(
+                    r[k][t]["ttft_s"] for r in repeats for k in ("cold", "cold_l2_pass")
+                ),
+                "l1_ratio": statistics.median(l1),
+                "l1_ratio_range": [min(l1), max(l1)],
+                "l2_ratio": statistics.median(l2),
+                "l2_ratio_range": [min(l2), max(l2)],
+                "tokens_per_cycle_cold": repeats[0]["cold"][t]["tokens_per_cycle"],
+                "tokens_per_cycle_l1": first["tokens_per_cycle"],
+                "tokens_per_cycle_l2": repeats[0]["restart_l2"][t]["tokens_per_cycle"],
+                "floor": first["computed_tokens"] / prompt,
+                "attn": 1 - (first["cached_tokens"] / prompt) ** 2,
+            }
+        )
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--turns", type=int, default=10)
@@ -307,6 +404,10 @@ def main() -> None:
         "--max-tokens", type=int, default=48, help="per turn (enough for a whole tool call)"
     )
     p.add_argument("--shape", choices=["small", "opencode"], default="opencode")
+    p.add_argument("--repeats", type=int, default=3, help="whole sessions, each on fresh caches")
+    p.add_argument(
+        "--gap-s", type=float, default=1.0, help="idle seconds after each request (tool time)"
+    )
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument(
         "--scripted",
@@ -327,60 +428,49 @@ def main() -> None:
         else ("model_replies_no_user_turns" if args.no_user_turns else "model_replies"),
         "turns": args.turns,
         "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "gap_s": args.gap_s,
+        "design": "each turn goes to the cold server and the cached one back to back, in "
+        "alternating order; ratios are paired within a repeat, medians over repeats",
     }
-    with tempfile.TemporaryDirectory() as disk:
-        for name, flags in [
-            ("cold", ["--no-cache", "--policy", "off"]),
-            ("warm_l1", ["--cache-dir", disk, "--policy", "off"]),
-            ("restart_l2", ["--cache-dir", disk, "--policy", "off"]),
-        ]:
-            proc, base = start_server(flags)
-            try:
-                results[name] = replay(
-                    base,
-                    system,
-                    args.turns,
-                    args.max_tokens,
-                    tools,
-                    args.scripted,
-                    user_turns=not args.no_user_turns,
-                )
-                results[f"{name}_rss_mb"] = round(rss_mb(proc), 1)
-                if name == "warm_l1":
-                    time.sleep(2)  # let the L2 writer finish before the restart
-            finally:
-                proc.terminate()
-                proc.wait(timeout=30)
-            if name == "warm_l1":
-                results["l2_disk_mb"] = round(
-                    sum(f.stat().st_size for f in Path(disk).iterdir()) / 1e6, 1
-                )
-    same = [
-        c["prompt_tokens"] == w["prompt_tokens"] == r["prompt_tokens"]
-        and _without_ids(c["reply"]) == _without_ids(w["reply"]) == _without_ids(r["reply"])
-        for c, w, r in zip(results["cold"], results["warm_l1"], results["restart_l2"], strict=True)
-    ]
-    results["same_transcript"] = all(same)
-    print(
-        f"{'turn':>4} {'prompt':>6} | {'cold TTFT':>9} {'tau':>5} | {'L1 TTFT':>8} {'ratio':>5} "
-        f"{'restored':>8} {'computed':>8} {'tau':>5} | {'L2 TTFT':>8} {'ratio':>5} {'restored':>8} "
-        f"{'tau':>5} | {'floor':>5} {'attn':>5}"
+    cold, cold_base = start_server(["--no-cache", "--policy", "off"])
+    runs = []
+    try:
+        for k in range(args.repeats):
+            runs.append(run_once(args, system, tools, cold_base))
+            print(f"repeat {k + 1}/{args.repeats} done", flush=True)
+        results["cold_rss_mb"] = round(rss_mb(cold), 1)
+    finally:
+        stop(cold)
+    results["same_transcript"] = all(r["same_transcript"] for r in runs) and all(
+        [_without_ids(x["reply"]) for x in r["cold"]]
+        == [_without_ids(x["reply"]) for x in runs[0]["cold"]]
+        for r in runs
     )
-    for c, w, r in zip(results["cold"], results["warm_l1"], results["restart_l2"], strict=True):
+    results["summary"] = summary = summarize(runs)
+    results["runs"] = runs
+    print(
+        f"{'turn':>4} {'prompt':>6} {'restored':>8} {'computed':>8} | {'cold TTFT':>9} | "
+        f"{'L1 ratio':>8} {'(min-max)':>11} | {'L2 ratio':>8} {'(min-max)':>11} | "
+        f"{'tau c/L1/L2':>14} | {'floor':>5} {'attn':>5}"
+    )
+    for row in summary:
+        lo1, hi1 = row["l1_ratio_range"]
+        lo2, hi2 = row["l2_ratio_range"]
+        taus = "/".join(
+            f"{row[k] or 0:.2f}"
+            for k in ("tokens_per_cycle_cold", "tokens_per_cycle_l1", "tokens_per_cycle_l2")
+        )
         print(
-            f"{c['turn']:>4} {c['prompt_tokens']:>6} | {c['ttft_s']:>9.3f} "
-            f"{c['tokens_per_cycle'] or 0:>5.2f} | {w['ttft_s']:>8.3f} "
-            f"{w['ttft_s'] / c['ttft_s']:>5.2f} {w['cached_tokens']:>8} {w['computed_tokens']:>8} "
-            f"{w['tokens_per_cycle'] or 0:>5.2f} | {r['ttft_s']:>8.3f} "
-            f"{r['ttft_s'] / c['ttft_s']:>5.2f} {r['cached_tokens']:>8} "
-            f"{r['tokens_per_cycle'] or 0:>5.2f} | "
-            f"{w['computed_tokens'] / c['prompt_tokens']:>5.2f} "
-            f"{1 - (w['cached_tokens'] / c['prompt_tokens']) ** 2:>5.2f}"
+            f"{row['turn']:>4} {row['prompt_tokens']:>6} {row['restored_tokens']:>8} "
+            f"{row['computed_tokens']:>8} | {row['cold_ttft_s']:>9.3f} | "
+            f"{row['l1_ratio']:>8.3f} {lo1:>5.2f}-{hi1:<5.2f} | {row['l2_ratio']:>8.3f} "
+            f"{lo2:>5.2f}-{hi2:<5.2f} | {taus:>14} | {row['floor']:>5.2f} {row['attn']:>5.2f}"
         )
     print(
-        f"RSS MB: cold {results['cold_rss_mb']}, L1 {results['warm_l1_rss_mb']}, "
-        f"after restart {results['restart_l2_rss_mb']}; L2 on disk {results.get('l2_disk_mb')} MB; "
-        f"same transcript in all three runs: {results['same_transcript']}"
+        f"RSS MB: cold {results['cold_rss_mb']}, L1 {runs[0]['warm_l1_rss_mb']}, after restart "
+        f"{runs[0]['restart_l2_rss_mb']}; L2 on disk {runs[0]['l2_disk_mb']} MB; same "
+        f"transcript in every run: {results['same_transcript']}"
     )
     os.makedirs(args.out, exist_ok=True)
     # The default session keeps the file names of earlier runs; variants get a suffix.
