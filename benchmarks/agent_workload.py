@@ -11,11 +11,12 @@ process CPU time of the decode phase) and tokens are summed per request class an
 MEASURES). A second AR run per request (`ar-again`) shows the noise floor.
 
     OPENBLAS_NUM_THREADS=1 LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \
-        flock /tmp/bench.lock python benchmarks/agent_workload.py --rounds 8 \
+        flock /tmp/bench.lock python benchmarks/agent_workload.py --rounds 24 \
         [--model DIR --draft DIR] [--out DIR]
 
-(8 rounds is what the published results use: per-class figures over one or two requests are noisy
-on a shared machine; the `noise` column, ar-again vs ar, says how noisy.) Each row also counts the
+(24 rounds is what the published results use, with 3-6 requests per class: per-class figures over
+one or two requests were noise on a shared machine; the `noise` column, ar-again vs ar, says how
+noisy.) Each row also counts the
 grammar-forced cycles (`forced_cycles`, `forced_tokens`: forced runs verified without drafting).
 
 Writes `agent_workload.json` and `agent_workload.png` (tok/s per class per strategy) to --out.
@@ -135,6 +136,19 @@ SCHEMA = {
         "license": {"type": "string"},
     },
     "required": ["name", "version", "dependencies", "license"],
+    "additionalProperties": False,
+}
+
+
+ISSUE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"},
+        "severity": {"type": "string", "enum": ["low", "medium", "high"]},
+        "labels": {"type": "array", "items": {"type": "string"}},
+        "files": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["title", "severity", "labels", "files"],
     "additionalProperties": False,
 }
 
@@ -311,6 +325,158 @@ SESSIONS: list[Session] = [
             {
                 "role": "assistant",
                 "content": "Yes: `server.debug` is `true` in config/app.yaml; set it to `false` for production.",
+            },
+        ],
+        thinking=True,
+    ),
+    # More requests for the classes above that had one or two, so that per-class totals are
+    # not one request's luck on a noisy machine.
+    Session(
+        "add-test",
+        [
+            {"role": "user", "content": "Add a test for parse_size('2k') to tests/test_utils.py."},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    call(
+                        "write_file",
+                        {
+                            "path": "tests/test_utils_size.py",
+                            "content": "from src.utils import parse_size\n\n\n"
+                            "def test_parse_size_k():\n    assert parse_size('2k') == 2048\n",
+                        },
+                        1,
+                    )
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "wrote 96 bytes"},
+            {
+                "role": "assistant",
+                "content": "Added `tests/test_utils_size.py` with `test_parse_size_k`, which checks that `parse_size('2k')` returns 2048.",
+            },
+        ],
+    ),
+    Session(
+        "forced-read",
+        [
+            {"role": "user", "content": "Show me the README of this repository."},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [call("read_file", {"path": "README.md"}, 1)],
+            },
+        ],
+        tool_choice="required",
+    ),
+    Session(
+        "forced-search",
+        [
+            {"role": "user", "content": "Which modules import the logging package?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    call("search_code", {"pattern": "^import logging", "glob": "src/**/*.py"}, 1)
+                ],
+            },
+        ],
+        tool_choice="required",
+    ),
+    Session(
+        "issue-json",
+        [
+            {
+                "role": "user",
+                "content": "Triage this bug report as JSON.\n\nTitle: parse_size crashes on '512b'\nBody: Calling parse_size('512b') raises ValueError instead of returning 512. Seen in src/utils.py on main.",
+            },
+            {
+                "role": "assistant",
+                "content": json.dumps(
+                    {
+                        "title": "parse_size crashes on '512b'",
+                        "severity": "medium",
+                        "labels": ["bug", "parsing"],
+                        "files": ["src/utils.py"],
+                    }
+                ),
+            },
+        ],
+        tools=False,
+        response_format="json_schema",
+        schema=ISSUE_SCHEMA,
+    ),
+    Session(
+        "deps-json",
+        [
+            {
+                "role": "user",
+                "content": "List the runtime dependencies in this requirements file as a JSON object mapping each name to its version.\n\nhttpx==0.27.0\npydantic==2.7.1\nrich==13.7.1",
+            },
+            {
+                "role": "assistant",
+                "content": json.dumps({"httpx": "0.27.0", "pydantic": "2.7.1", "rich": "13.7.1"}),
+            },
+        ],
+        tools=False,
+        response_format="json_object",
+    ),
+    Session(
+        "explain-code",
+        [
+            {
+                "role": "user",
+                "content": "What does this function do?\n\n" + UTILS_PY,
+            },
+            {
+                "role": "assistant",
+                "content": "It turns a size such as '10k', '3M' or '512' into a number of bytes: a trailing k, m or g multiplies by 1024, 1024 ** 2 or 1024 ** 3, and a plain number is returned as an integer.",
+            },
+            {"role": "user", "content": "Write a docstring example for it."},
+            {
+                "role": "assistant",
+                "content": '```python\n>>> parse_size("10k")\n10240\n>>> parse_size("512")\n512\n```',
+            },
+        ],
+        tools=False,
+    ),
+    Session(
+        "think-grep",
+        [
+            {"role": "user", "content": "Is the function load_config still used anywhere?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [call("search_code", {"pattern": "load_config\\("}, 1)],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "call_1",
+                "content": "src/app.py:12:    cfg = load_config(path)\nsrc/config.py:5:def load_config(path):",
+            },
+            {
+                "role": "assistant",
+                "content": "Yes: `src/app.py` calls `load_config(path)` on line 12; it is defined in `src/config.py`.",
+            },
+        ],
+        thinking=True,
+    ),
+    Session(
+        "think-run-tests",
+        [
+            {
+                "role": "user",
+                "content": "Run the tests for the utils module and tell me the result.",
+            },
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [call("run_shell", {"command": "pytest tests/test_utils.py -q"}, 1)],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": PYTEST_OUT},
+            {
+                "role": "assistant",
+                "content": "One of 12 tests fails: `test_parse_size_b`, because `parse_size('512b')` raises ValueError; the other 11 pass.",
             },
         ],
         thinking=True,

@@ -96,6 +96,7 @@ class ExploreSettings(_Strict):
     backoff_max_steps: int = Field(default=8192, ge=1)
     explore_p: float = Field(default=0.1, gt=0.0, lt=0.5)
     skip_hopeless: bool = True
+    opening_probe: bool = True
 
 
 class DecisionSettings(_Strict):
@@ -104,6 +105,7 @@ class DecisionSettings(_Strict):
     recheck_max: int = Field(default=32, ge=1)
     min_dwell: int = Field(default=4, ge=0)
     max_recorded: int = Field(default=64, ge=0)
+    request_evidence_cycles: int = Field(default=3, ge=0)
 
 
 class PolicyFile(_Strict):

@@ -10,6 +10,9 @@ the span tracker over the committed text, and decides the next mode and block si
 - hysteresis: leaving the current arm needs the other to be faster by `switch_margin` with
   confidence `min_confidence`, and (inside a span) `min_dwell` steps in the current arm;
 - where an estimate is uncertain, a short probe of the other arm (see `explore.py`).
+- the request's own acceptance (`request_evidence.py`): where the class says AR, an opening
+  probe of one spec cycle keeps spec for a request that beats AR; and once a span has a few
+  drafted cycles of its own, its tokens per cycle decide spec vs AR at rechecks.
 Every decision is logged, counted (`AdaptivePolicy.counters()`) and listed (`decisions`).
 """
 
@@ -19,7 +22,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -30,6 +33,7 @@ from toolflash.policy.request_class import RequestClass
 from .config import EffectivePolicy, PolicyConfig, SpanRule
 from .estimates import UNKNOWN, Clock, Estimates, Throughput
 from .explore import Arm, Backoff, Probe, arm_name, p_better, probe_reason
+from .request_evidence import OpeningBackoff, RequestEvidence, local_verdict
 from .spans import SpanTracker
 from .store import PolicyStore
 
@@ -46,6 +50,7 @@ class _ModelState:
     estimates: Estimates
     backoff: Backoff
     store: PolicyStore | None
+    opening: OpeningBackoff = field(default_factory=OpeningBackoff)
     last_save: float = 0.0
     dirty: bool = False
 
@@ -144,6 +149,21 @@ class AdaptivePolicy:
             state.last_save = now
 
 
+# Decisions recorded (and dwell reset) even when they keep the arm.
+_RECORDED_KINDS = (
+    "start",
+    "probe",
+    "probe-won",
+    "probe-lost",
+    "opening",
+    "opening-won",
+    "opening-lost",
+    "opening-void",
+)
+# Arm changes that are not counted as switches (a start, a probe and its return).
+_NOT_SWITCHES = ("start", "probe", "probe-lost", "opening", "opening-lost", "opening-void")
+
+
 class PolicyController:
     """Per-request `ModeController`: tracks the span kind, feeds the estimates, decides."""
 
@@ -189,6 +209,14 @@ class PolicyController:
         self.probes = 0
         self.probe_steps = 0
         self.probe: Probe | None = None
+        # This request's own acceptance per span (`request_evidence.py`), and the span whose
+        # opening probe (one spec cycle where the class says AR) awaits its verdict.
+        self.evidence = RequestEvidence(dec.request_evidence_cycles)
+        self._opening: str | None = None
+        self.openings = 0
+        # Spans where this request's own acceptance chose AR: the class estimates (which may
+        # favour spec) do not switch them back within this request (no flapping).
+        self._own_ar: set[str] = set()
         self.reason = ""
         self._t_last = 0.0
         self._steps: dict[tuple[str, str], int] = {}
@@ -212,6 +240,12 @@ class PolicyController:
         arm, reason, kind = self._choose(rule, span, None)
         self.owner.count("requests", model=self.model_id, **{"class": self.label})
         self._t_last = time.perf_counter()
+        opening = self._opening_arm(rule, span, arm)
+        if opening is not None:
+            self._opening = span
+            self.openings += 1
+            reason = f"{reason}; opening probe: one {arm_name(opening)} cycle reads this request"
+            return self._set(opening, "opening", reason, span)
         return self._set(arm, kind, reason, span)
 
     def after_step(self, record: CycleRecord, token_ids: Sequence[int], text: str) -> ModeDecision:
@@ -225,6 +259,7 @@ class PolicyController:
         self._t_last = now
         span = self.spans.kind
         self._observe(record, span, seconds)
+        self.evidence.add(span, record)
         new_span = self.spans.push(text) if text else span
         self.steps += 1
         self.dwell += 1
@@ -237,10 +272,16 @@ class PolicyController:
             self.budget -= 1
             if self.probe.remaining <= 0 or new_span != span:
                 self._end_probe(span)
+        if self._opening is not None:
+            opened, self._opening = self._opening, None
+            if new_span == span == opened:
+                return self._end_opening(span)
         if new_span != span:
             self._reset_rechecks()
             rule = self.policy.rule(self.label, new_span)
             arm, reason, kind = self._choose(rule, new_span, self.arm)
+            if arm[0] == "spec" and new_span in self._own_ar and AR in self._arms(rule):
+                arm, reason = AR, f"{new_span}: this request's own acceptance chose ar here"
             return self._set(arm, kind, reason, new_span)
         if self.probe is None:
             rule = self.policy.rule(self.label, span)
@@ -249,9 +290,19 @@ class PolicyController:
             # block sizes while a measured arm is clearly faster would only delay the switch
             # (a cold class whose prior was too optimistic spent 32 steps so).
             due = self.steps >= self._next_check or self.dwell == self.min_dwell
+            if due and self.dwell >= self.min_dwell and self.arm[0] == "spec":
+                own = self._request_verdict(rule, span, self.evidence.tau(span))
+                if own is not None:
+                    verdict, why = own
+                    if verdict == "ar":
+                        self._own_ar.add(span)
+                        return self._set(AR, "request", why, span)
+                    if verdict == "spec":  # this request beats AR: the class mean does not rule
+                        self._recheck_done()
+                        return self._decision()
             if due and self.dwell >= self.min_dwell:
                 arm, reason, kind = self._choose(rule, span, self.arm)
-                if arm != self.arm:
+                if arm != self.arm and not (arm[0] == "spec" and span in self._own_ar):
                     return self._set(arm, "recheck", reason, span)
             if due and self.budget > 0 and rule.mode != "ar":
                 self._maybe_probe(rule, span)
@@ -288,6 +339,7 @@ class PolicyController:
             "switches": self.switches,
             "probes": self.probes,
             "probe_steps": self.probe_steps,
+            "openings": self.openings,
             "decisions": list(self.decisions),
             "decisions_dropped": self.dropped,
         }
@@ -411,6 +463,17 @@ class PolicyController:
                     arm = arms[0]
                 return arm, f"{span}: spec not measured yet, initial {arm_name(arm)}", kind
             current = max(known, key=lambda a: est[a].tps)
+            if current[0] == "spec":
+                # Among spec blocks within the switch margin of the fastest, the largest: it
+                # commits at least what a smaller one would per cycle, and estimates this close
+                # are noise (two near-equal blocks otherwise flip between requests).
+                near = [
+                    a
+                    for a in known
+                    if a[0] == "spec"
+                    and est[a].tps * (1.0 + rule.switch_margin) >= est[current].tps
+                ]
+                current = max(near, key=lambda a: a[1])
             return current, f"{span}: fastest known {self._fmt(current, est)}", kind
         assert current is not None
         cur = est[current]
@@ -551,11 +614,79 @@ class PolicyController:
                 reason = f"{reason}; {why}"
             self._set(arm, "probe-lost", reason, span)
 
+    def _opening_arm(self, rule: SpanRule, span: str, arm: Arm) -> Arm | None:
+        """The spec arm to open this request with, where the class chose AR and the opening
+        probe is on, allowed by its backoff and judgeable (AR and the cycle time measured)."""
+        if not self.explore.opening_probe or arm != AR or rule.mode != "adaptive":
+            return None
+        spec = [a for a in self._arms(rule) if a[0] == "spec"]
+        if not spec:
+            return None
+        largest = max(spec, key=lambda a: a[1])
+        if not self._throughput(AR, span).known:
+            return None
+        # A span with grammar-forced runs cannot be judged by one drafted cycle (see
+        # RequestEvidence); the class estimates count those runs.
+        model, label = self.model_id, self.label
+        if self.est.forced_share(model, label, span) or self.est.ar_forced_share(
+            model, label, span
+        ):
+            return None
+        if self.est.cycle_seconds(self.model_id, largest[1], self.context) is None:
+            return None
+        if not self.state.opening.allowed((self.model_id, self.label, span)):
+            return None
+        return largest
+
+    def _request_verdict(
+        self, rule: SpanRule, span: str, tau: float | None
+    ) -> tuple[str, str] | None:
+        """(verdict, reason) from this request's own tokens per cycle at the current block,
+        or None when there is not enough of it (or AR is not an option here)."""
+        if tau is None or rule.mode != "adaptive" or self.arm[0] != "spec":
+            return None
+        cycle_s = self.est.cycle_seconds(self.model_id, self.arm[1], self.context)
+        ar = self._throughput(AR, span)
+        if cycle_s is None or not ar.known:
+            return None
+        verdict = local_verdict(tau, cycle_s, ar.tps, rule.switch_margin)
+        why = (
+            f"{span}: this request's {arm_name(self.arm)} {tau / cycle_s:.0f} tok/s "
+            f"(tau {tau:.2f}, {self.evidence.cycles(span)} cycles) vs ar {ar.tps:.0f} tok/s"
+        )
+        return verdict, why
+
+    def _end_opening(self, span: str) -> ModeDecision:
+        """The opening probe's verdict from its one cycle: stay speculative when it beat AR,
+        else back to AR (the class's choice)."""
+        scope = (self.model_id, self.label, span)
+        rule = self.policy.rule(self.label, span)
+        own = self._request_verdict(rule, span, self.evidence.tau(span, min_cycles=1))
+        if own is None:
+            # Not judgeable (the cycle met a forced run): no verdict, no backoff; the class's
+            # estimates choose, as they would have without the probe.
+            arm, why, _ = self._choose(rule, span, None)
+            return self._set(arm, "opening-void", f"{why} (opening probe not judgeable)", span)
+        won = own[0] == "spec"
+        why = own[1]
+        self.owner.count(
+            "openings",
+            model=self.model_id,
+            outcome="won" if won else "lost",
+            span=span,
+            **{"class": self.label},
+        )
+        if won:
+            self.state.opening.won(scope)
+            return self._set(self.arm, "opening-won", why, span)
+        wait = self.state.opening.lost(scope)
+        return self._set(AR, "opening-lost", f"{why}; next opening in {wait} requests", span)
+
     def _set(self, arm: Arm, kind: str, reason: str, span: str) -> ModeDecision:
         changed = arm != self.arm
-        if changed and kind not in ("start", "probe", "probe-lost"):
+        if changed and kind not in _NOT_SWITCHES:
             self.switches += 1
-        if changed or kind in ("start", "probe", "probe-won", "probe-lost"):
+        if changed or kind in _RECORDED_KINDS:
             self.dwell = 0
             self._reset_rechecks()
             surplus = self.est.surplus(

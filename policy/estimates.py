@@ -369,6 +369,11 @@ class Estimates:
                     mean = max(mean, smaller.mean)
         return mean
 
+    def cycle_seconds(self, model: str, block_size: int, context_len: int) -> float | None:
+        """Mean seconds of a drafted cycle at this block near this context length, or None."""
+        stat = self._near(self.cycle_s, model, (block_size,), self.bucket(context_len))
+        return stat.mean if stat is not None and stat.mean > 0 else None
+
     def forced_share(self, model: str, label: str, span: str) -> float:
         """Share of spec-committed tokens that forced cycles committed here (0.0 unknown)."""
         return _share(self.spec_tokens, self.forced_tokens, (model, label, span))

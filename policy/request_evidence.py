@@ -1,0 +1,113 @@
+"""This request's own acceptance, next to the class's.
+
+The class estimates average over requests, but acceptance varies between requests of one class:
+after a tool result, a reply that copies from the tool output accepts ~10 tokens per cycle where
+one that writes new prose accepts ~1. With the class mean below break-even, every request ran
+AR, also the ones where speculation would have halved the decode time. So a request keeps a
+tally of its own drafted cycles per span kind, and the controller uses it two ways:
+
+- Opening probe: where the class decides AR, the request's first step is one spec cycle (at the
+  largest block); it stays speculative when that cycle committed enough to beat AR. Losing
+  openings back off per class and span, in requests (`OpeningBackoff`).
+- Request rechecks: once a span has `min_cycles` drafted cycles of its own, its tokens per cycle
+  over the last `WINDOW` of them (not the class's) decide between spec and AR at rechecks; the
+  window keeps a collapse of acceptance late in a long span from hiding behind its good start.
+
+Both compare `tau / cycle seconds` (the class's measured cycle time at this block and context:
+one cycle's own time is too noisy, the first one also pays the drafter's context build) with
+the class's AR tokens per second, by the rule's switch margin.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from toolflash.engine.api import CycleRecord
+
+Verdict = Literal["spec", "ar", "unsure"]
+
+# Drafted cycles per span that a request's own tokens per cycle averages over.
+WINDOW = 8
+
+
+def local_verdict(tau: float, cycle_s: float, ar_tps: float, margin: float) -> Verdict:
+    """Spec when `tau` tokens per `cycle_s` beat AR by the margin, AR when AR beats it by the
+    margin, else unsure."""
+    if cycle_s <= 0 or ar_tps <= 0:
+        return "unsure"
+    spec_tps = tau / cycle_s
+    if spec_tps >= ar_tps * (1.0 + margin):
+        return "spec"
+    if spec_tps * (1.0 + margin) <= ar_tps:
+        return "ar"
+    return "unsure"
+
+
+@dataclass
+class RequestEvidence:
+    """Drafted spec cycles of one request, per span kind. A span where this request met a
+    grammar-forced run has no evidence of its own: forced runs add throughput to the spec arm
+    that drafted cycles alone do not show, which the class estimates mix in at their measured
+    share (`Estimates.with_forced`) and a short tally cannot."""
+
+    min_cycles: int
+    _spans: dict[str, deque[int]] = field(default_factory=dict)
+    _forced: set[str] = field(default_factory=set)
+
+    def add(self, span: str, record: CycleRecord) -> None:
+        if record.forced > 0:
+            self._forced.add(span)
+        elif record.mode == "spec" and record.drafted > 0:
+            self._spans.setdefault(span, deque(maxlen=WINDOW)).append(record.committed)
+
+    def cycles(self, span: str) -> int:
+        """Drafted cycles in the window for `span`."""
+        return len(self._spans.get(span, ()))
+
+    def tau(self, span: str, min_cycles: int | None = None) -> float | None:
+        """Committed tokens per drafted cycle over the window, once it holds enough cycles
+        (`min_cycles` 0 turns the evidence off, except where a caller asks for fewer)."""
+        recent = self._spans.get(span)
+        need = self.min_cycles if min_cycles is None else min_cycles
+        if need <= 0 or recent is None or len(recent) < need or span in self._forced:
+            return None
+        return sum(recent) / len(recent)
+
+
+@dataclass
+class _OpeningState:
+    losses: int = 0
+    skip: int = 0
+
+
+class OpeningBackoff:
+    """Per scope (model, class, span): after `free_losses` opening probes lost in a row, skip
+    1, 2, 4... requests (at most `max_skip`) before the next; a win resets it. The first losses
+    are free because a class can mix winners and losers: a loss says little about the next
+    request, and a lost opening costs one cycle where a won one saves most of the decode."""
+
+    def __init__(self, free_losses: int = 2, max_skip: int = 16) -> None:
+        self.free_losses = free_losses
+        self.max_skip = max_skip
+        self._state: dict[tuple[str, str, str], _OpeningState] = {}
+
+    def allowed(self, scope: tuple[str, str, str]) -> bool:
+        """Whether this request may open with a probe (consumes one skip when not)."""
+        st = self._state.get(scope)
+        if st is None or st.skip <= 0:
+            return True
+        st.skip -= 1
+        return False
+
+    def won(self, scope: tuple[str, str, str]) -> None:
+        self._state[scope] = _OpeningState()
+
+    def lost(self, scope: tuple[str, str, str]) -> int:
+        """Record a loss; returns how many requests the next opening waits."""
+        st = self._state.setdefault(scope, _OpeningState())
+        st.losses += 1
+        over = st.losses - self.free_losses
+        st.skip = min(1 << (over - 1), self.max_skip) if over > 0 else 0
+        return st.skip
