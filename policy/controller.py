@@ -280,7 +280,7 @@ class PolicyController:
             self._reset_rechecks()
             rule = self.policy.rule(self.label, new_span)
             arm, reason, kind = self._choose(rule, new_span, self.arm)
-            if arm[0] == "spec" and new_span in self._own_ar and AR in self._arms(rule):
+            if self._overruled(arm, new_span):
                 arm, reason = AR, f"{new_span}: this request's own acceptance chose ar here"
             return self._set(arm, kind, reason, new_span)
         if self.probe is None:
@@ -290,7 +290,7 @@ class PolicyController:
             # block sizes while a measured arm is clearly faster would only delay the switch
             # (a cold class whose prior was too optimistic spent 32 steps so).
             due = self.steps >= self._next_check or self.dwell == self.min_dwell
-            if due and self.dwell >= self.min_dwell and self.arm[0] == "spec":
+            if due and self.dwell >= self.min_dwell:
                 own = self._request_verdict(rule, span, self.evidence.tau(span))
                 if own is not None:
                     verdict, why = own
@@ -302,7 +302,7 @@ class PolicyController:
                         return self._decision()
             if due and self.dwell >= self.min_dwell:
                 arm, reason, kind = self._choose(rule, span, self.arm)
-                if arm != self.arm and not (arm[0] == "spec" and span in self._own_ar):
+                if arm != self.arm and not self._overruled(arm, span):
                     return self._set(arm, "recheck", reason, span)
             if due and self.budget > 0 and rule.mode != "ar":
                 self._maybe_probe(rule, span)
@@ -637,6 +637,12 @@ class PolicyController:
         if not self.state.opening.allowed((self.model_id, self.label, span)):
             return None
         return largest
+
+    def _overruled(self, arm: Arm, span: str) -> bool:
+        """Whether the class's choice of `arm` yields to this request's own evidence: a spec
+        arm in a span where the request's acceptance already chose AR (`_own_ar` only holds
+        adaptive spans, so AR is an option there)."""
+        return arm[0] == "spec" and span in self._own_ar
 
     def _request_verdict(
         self, rule: SpanRule, span: str, tau: float | None
