@@ -129,7 +129,11 @@ class CycleRecord:
     in one forward (`block_size` = run + 1, `drafted` = `accepted` = 0). 0 for drafted cycles
     and one-token AR steps. `draft_cut`: a drafted proposal the constraint
     ended before the block was full (the grammar allowed nothing further, e.g. after a closed
-    call), so `block_size` is smaller than asked although the block was not limited."""
+    call), so `block_size` is smaller than asked although the block was not limited.
+
+    Spec phases overlap: `draft_s` runs until the draft is computed, and the verify forward's
+    graph is built meanwhile; `verify_s` is the rest of the verify (its evaluation and the
+    acceptance); `rollback_s` the commit."""
 
     index: int
     mode: Mode

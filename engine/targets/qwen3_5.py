@@ -31,7 +31,7 @@ class GdnTape:
     """What one GatedDeltaNet layer needs to roll back inside the last forward."""
 
     conv_input: mx.array  # [B, K-1+T, C]: previous conv state followed by this forward's qkv
-    states: list[mx.array]  # recurrent state after each of the T steps
+    states: Sequence[mx.array]  # recurrent state after each of the T steps
 
 
 def gated_delta_forward(

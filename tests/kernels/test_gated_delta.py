@@ -81,3 +81,37 @@ def test_default_backend_is_chunked_and_swappable() -> None:
     y, _ = gated_delta.recurrence(*args, False)
     y_chunked, _ = gated_delta.recurrence_chunked(*args, False)
     assert mx.array_equal(y, y_chunked).item()
+
+
+def test_step_states_build_only_what_is_read() -> None:
+    built: list[tuple[str, int]] = []
+
+    def chunk(name: str):  # type: ignore[no-untyped-def]
+        def state_after(t: int) -> mx.array:
+            built.append((name, t))
+            return mx.array([t])
+
+        return state_after
+
+    states = gated_delta.StepStates()
+    last_a = states.add(chunk("a"), 3)
+    assert last_a.item() == 2 and built == [("a", 2)]
+    states.add(chunk("b"), 2)
+    assert len(states) == 5 and built == [("a", 2), ("b", 1)]
+    assert states[1].item() == 1 and states[-2].item() == 0  # b's step 0
+    assert states[2] is last_a  # built once, then reused
+    assert built == [("a", 2), ("b", 1), ("a", 1), ("b", 0)]
+    assert [s.item() for s in states[3:]] == [0, 1]
+    with pytest.raises(IndexError):
+        states[5]
+    with pytest.raises(IndexError):
+        states[-6]
+
+
+def test_verify_tape_reads_one_state_per_rollback() -> None:
+    # A 16-step chunk kept for rollback: reading one middle state equals the reference.
+    args = _inputs(16, 2, 4, 32, 48)
+    _, states_ref = gated_delta.recurrence_ops(*args, True)
+    _, states = gated_delta.recurrence_chunked(*args, True)
+    assert isinstance(states, gated_delta.StepStates)
+    assert mx.allclose(states[6], states_ref[6], atol=1e-5).item()
