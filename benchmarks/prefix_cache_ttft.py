@@ -43,6 +43,11 @@ from typing import Any
 
 from openai import OpenAI
 
+from toolflash.engine.registry import EMBEDDED_MODEL
+
+# The served model (`--model`): an embedded pair's id or a path; requests name it.
+MODEL = EMBEDDED_MODEL
+
 TOOLS = [
     {
         "type": "function",
@@ -126,7 +131,10 @@ def free_port() -> int:
 def start_server(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "toolflash.cli", "serve", "--port", str(port), *args],
+        [
+            sys.executable,
+            *("-m", "toolflash.cli", "serve", "--port", str(port), "--model", MODEL, *args),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -211,7 +219,7 @@ def stream_turn(
     reasoning = ""
     calls: dict[int, dict[str, Any]] = {}
     stream = client.chat.completions.create(
-        model="toolflash-tiny-qwen3",
+        model=MODEL,
         messages=messages,  # type: ignore[arg-type]
         tools=tools,  # type: ignore[arg-type]
         max_tokens=max_tokens,
@@ -404,6 +412,9 @@ def main() -> None:
         "--max-tokens", type=int, default=48, help="per turn (enough for a whole tool call)"
     )
     p.add_argument("--shape", choices=["small", "opencode"], default="opencode")
+    p.add_argument(
+        "--model", default=EMBEDDED_MODEL, help=f"served model (default {EMBEDDED_MODEL})"
+    )
     p.add_argument("--repeats", type=int, default=3, help="whole sessions, each on fresh caches")
     p.add_argument(
         "--gap-s", type=float, default=1.0, help="idle seconds after each request (tool time)"
@@ -420,8 +431,11 @@ def main() -> None:
         help="after a tool call, continue from the tool result without a new user message",
     )
     args = p.parse_args()
+    global MODEL
+    MODEL = args.model
     system, tools = opencode_shape() if args.shape == "opencode" else (SYSTEM, TOOLS)
     results: dict[str, Any] = {
+        "model": args.model,
         "shape": args.shape,
         "session": "scripted"
         if args.scripted
@@ -478,7 +492,8 @@ def main() -> None:
         results["session"], "_no_user_turns"
     )
     shape = "" if args.shape == "small" else f"_{args.shape}"
-    name = f"prefix_cache_ttft{shape}{suffix}.json"
+    model = "" if args.model == EMBEDDED_MODEL else f"_{Path(args.model).name}"
+    name = f"prefix_cache_ttft{shape}{suffix}{model}.json"
     Path(args.out, name).write_text(json.dumps(results, indent=2))
 
 

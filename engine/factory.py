@@ -16,7 +16,7 @@ from .draft_context import DraftWindow
 from .draft_loading import TargetInfo, load_draft
 from .generation_config import read_generation_defaults
 from .hub import resolve_model_path
-from .registry import draft_for
+from .registry import EMBEDDED_MODEL, EMBEDDED_PAIRS, draft_for
 from .service import DFlashEngine, EngineOptions
 from .targets.base import TargetAdapter
 from .targets.qwen3 import Qwen3Target
@@ -31,8 +31,7 @@ TARGET_ADAPTERS: dict[str, type] = {
     "qwen3_5_moe": Qwen35Target,
 }
 
-EMBEDDED_TARGET = "qwen3-tiny"
-EMBEDDED_DRAFT = "qwen3-tiny-dflash"
+EMBEDDED_TARGET, EMBEDDED_DRAFT = EMBEDDED_PAIRS[EMBEDDED_MODEL]
 
 
 class UnsupportedModelError(EngineError):
@@ -85,18 +84,21 @@ def build_engine(
     no_draft: bool = False,
     cache: CacheConfig | None = None,
 ) -> DFlashEngine:
-    """Load target and drafter and return the engine. model=None serves the embedded tiny
-    pair; draft=None looks the target up in the registry of published DFlash drafts."""
-    if model is None:
+    """Load target and drafter and return the engine. model=None serves the default embedded
+    tiny pair, an id of `EMBEDDED_PAIRS` that pair; draft=None looks any other target up in
+    the registry of published DFlash drafts."""
+    if model is None or model in EMBEDDED_PAIRS:
+        model_id = model or EMBEDDED_MODEL
+        target_dir, draft_dir = EMBEDDED_PAIRS[model_id]
         base = assets_dir()
-        target_path = base / EMBEDDED_TARGET
+        target_path = base / target_dir
         if not (target_path / "config.json").exists():
             raise EngineError(
                 f"the embedded tiny model is missing at {target_path}; rebuild it with "
                 "`toolflash zoo build` or pass --model"
             )
-        draft = draft or str(base / EMBEDDED_DRAFT)
-        model_id = "toolflash-tiny-qwen3"
+        draft = draft or str(base / draft_dir)
+        model = None  # the draft id below is the served id's
     else:
         target_path = resolve_model_path(model)
         model_id = model

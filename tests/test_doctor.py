@@ -181,6 +181,19 @@ def test_embedded_pair(
     assert "engine" not in checks
 
 
+def test_embedded_pair_by_its_served_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "tiny"
+    write_target(root / "qwen3-tiny")
+    write_draft(root / "qwen3-tiny-dflash")
+    monkeypatch.setattr(models_cmd, "TINY_ROOT", root)
+    rc, _, checks = run_doctor(capsys, "toolflash-tiny-qwen3")
+    assert rc == 0
+    assert checks["model"]["status"] == "ok" and "family qwen3" in checks["model"]["detail"]
+    assert checks["draft"]["status"] == "ok" and "block 4" in checks["draft"]["detail"]
+
+
 def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     rc = doctor.run(argparse.Namespace(json=False, model=None, draft=None, no_bench=False))
     out = capsys.readouterr().out

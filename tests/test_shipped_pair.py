@@ -40,7 +40,14 @@ def test_shipped_pair_is_lossless_and_accepts(name: str) -> None:
     assert stats.tokens_per_cycle >= TAU_FLOOR[name]
 
 
-def test_default_engine_is_the_embedded_qwen3_pair() -> None:
+def test_default_engine_is_the_embedded_hybrid_pair() -> None:
     engine = build_engine()
-    assert engine.model_id == "toolflash-tiny-qwen3" and engine.drafter is not None
+    assert engine.model_id == "toolflash-tiny-qwen35" and engine.drafter is not None
+    assert engine.target.family == "qwen3_5"
     assert engine.tool_call_format == "hermes"
+
+
+def test_embedded_pairs_load_by_their_served_ids() -> None:
+    engine = build_engine("toolflash-tiny-qwen3")
+    assert engine.model_id == "toolflash-tiny-qwen3" and engine.target.family == "qwen3"
+    assert engine.draft_id == "toolflash-tiny-qwen3-dflash"

@@ -60,7 +60,7 @@ CONVERSATIONS: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dic
 @pytest.fixture(scope="module", params=["embedded", "qwen3", "qwen3_5"])
 def engine(request: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     if request.param == "embedded":
-        return build_engine()
+        return build_engine("toolflash-tiny-qwen3")
     writer = {"qwen3": write_qwen3_target, "qwen3_5": write_qwen35_target}[request.param]
     root: Path = tmp_path_factory.mktemp(request.param)
     write_draft(root / "draft", writer(root / "target"))

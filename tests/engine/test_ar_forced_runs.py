@@ -58,7 +58,7 @@ WEATHER = ToolSpec(
 
 @pytest.fixture(scope="module")
 def qwen3() -> Any:
-    return build_engine()
+    return build_engine("toolflash-tiny-qwen3")
 
 
 @pytest.fixture(scope="module")

@@ -110,7 +110,7 @@ def _openai_tool(t: ToolSpec) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def engine() -> Any:
-    return build_engine()
+    return build_engine("toolflash-tiny-qwen3")
 
 
 def decode(

@@ -19,7 +19,7 @@ TOOL = ToolSpec(
 
 @pytest.fixture(scope="module")
 def engine() -> Any:
-    return build_engine()
+    return build_engine("toolflash-tiny-qwen3")
 
 
 def _stats(engine: Any, mode: Mode, constraint: OutputConstraint | None) -> Any:

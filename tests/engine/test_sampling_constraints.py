@@ -33,7 +33,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def engine() -> Any:
-    return build_engine()
+    return build_engine("toolflash-tiny-qwen3")
 
 
 @pytest.mark.parametrize("mode", ["spec", "ar"])

@@ -61,7 +61,7 @@ NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 def tiny() -> Iterator[Served]:
     from toolflash.engine.factory import build_engine
 
-    with serve(factory=lambda: build_engine()) as s:
+    with serve(factory=lambda: build_engine("toolflash-tiny-qwen3")) as s:
         yield s
 
 

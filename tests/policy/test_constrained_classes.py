@@ -40,7 +40,7 @@ TOOL = {"type": "function", "function": {"name": WEATHER.name, "parameters": WEA
 def engine() -> Any:
     from toolflash.engine.factory import build_engine
 
-    return build_engine()
+    return build_engine("toolflash-tiny-qwen3")
 
 
 def run(engine: Any, policy: AdaptivePolicy, sampling: SamplingParams) -> tuple[Any, str, Any]:

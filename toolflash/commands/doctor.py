@@ -255,10 +255,14 @@ def _check_draft_config(draft: Path) -> tuple[Status, str]:
 
 
 def check_requested(report: Report, model: str | None, draft: str | None) -> None:
-    """--model / --draft: resolve (local dir or hub) and load each."""
+    """--model / --draft: resolve (local dir, hub, or an embedded pair's id) and load each."""
+    from toolflash.commands.models import TINY_ROOT
     from toolflash.engine.hub import resolve_model_path
-    from toolflash.engine.registry import find_pair
+    from toolflash.engine.registry import EMBEDDED_PAIRS, find_pair
 
+    if model in EMBEDDED_PAIRS:
+        target_dir, draft_dir = EMBEDDED_PAIRS[model]
+        model, draft = str(TINY_ROOT / target_dir), draft or str(TINY_ROOT / draft_dir)
     loaded: list[LoadedTarget] = []
     if model:
 

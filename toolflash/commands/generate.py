@@ -10,7 +10,11 @@ from toolflash.engine.api import FinishEvent, GenerationRequest, SamplingParams
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="target: local dir or hub id (default: embedded)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="target: local dir, hub id or an embedded pair (default: toolflash-tiny-qwen35)",
+    )
     p.add_argument("--draft", default=None, help="DFlash drafter dir or hub id")
     p.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from toolflash.engine.registry import EMBEDDED_MODEL
 from toolflash.policy.config import PolicyConfig, PolicyFileError, load_policy_file
 
-DEFAULT_MODEL = "toolflash-tiny-qwen3"
+DEFAULT_MODEL = EMBEDDED_MODEL
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

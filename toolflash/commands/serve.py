@@ -14,7 +14,11 @@ from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="target model (default: the embedded tiny pair)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="target: local dir, hub id or embedded pair (default toolflash-tiny-qwen35)",
+    )
     p.add_argument("--draft", default=None, help="DFlash drafter (default: from the registry)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
