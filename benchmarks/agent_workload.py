@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import statistics
 import sys
@@ -37,9 +38,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from toolflash.engine.api import FinishEvent, GenerationRequest, OutputConstraint, TokenEvent
+from toolflash.gateway.logs import configure_logging
 from toolflash.gateway.protocol import ChatCompletionRequest
 from toolflash.gateway.structured import build_constraint, for_prompt, reasoning_mode
 from toolflash.policy.config import PolicyConfig
@@ -891,6 +893,10 @@ def plot(rep: Mapping[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _devnull() -> TextIO:
+    return open(os.devnull, "w")  # noqa: SIM115 (kept open for the logging thread)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="target (default: the embedded tiny pair)")
@@ -909,13 +915,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="benchmarks/results", help="folder for the JSON and PNG")
     p.add_argument("--verbose", action="store_true", help="log every policy decision")
     args = p.parse_args(argv)
-    if not args.verbose:
-        # Decisions are in the JSON; printing each one would be timed as decoding.
-        import logging
-
-        import structlog
-
-        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    # Logging as `toolflash serve` does it (info, JSON lines, rendered off the decode path), so
+    # the adaptive runs pay what a served request pays for its decision lines; --verbose shows
+    # them, otherwise they go nowhere (they are in the JSON).
+    configure_logging(
+        json_lines=not args.verbose, level="info", stream=None if args.verbose else _devnull()
+    )
     rep = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
