@@ -279,7 +279,7 @@ class PolicyController:
         if new_span != span:
             self._reset_rechecks()
             rule = self.policy.rule(self.label, new_span)
-            arm, reason, kind = self._choose(rule, new_span, self.arm)
+            arm, reason, kind = self._choose(rule, new_span, self.arm, fresh_block=True)
             if self._overruled(arm, new_span):
                 arm, reason = AR, f"{new_span}: this request's own acceptance chose ar here"
             return self._set(arm, kind, reason, new_span)
@@ -444,9 +444,12 @@ class PolicyController:
             self._tp[key] = tp
         return tp
 
-    def _choose(self, rule: SpanRule, span: str, current: Arm | None) -> tuple[Arm, str, str]:
+    def _choose(
+        self, rule: SpanRule, span: str, current: Arm | None, fresh_block: bool = False
+    ) -> tuple[Arm, str, str]:
         """(arm, reason, kind): the arm for `span`, keeping `current` unless another arm is
-        faster by the margin with enough confidence."""
+        faster by the margin with enough confidence. With `fresh_block` (a span's first
+        decision), a spec `current` first takes the span's settled block size."""
         arms = self._arms(rule)
         if len(arms) == 1:
             return arms[0], f"{span}: policy mode {rule.mode}", "forced"
@@ -464,18 +467,17 @@ class PolicyController:
                 return arm, f"{span}: spec not measured yet, initial {arm_name(arm)}", kind
             current = max(known, key=lambda a: est[a].tps)
             if current[0] == "spec":
-                # Among spec blocks within the switch margin of the fastest, the largest: it
-                # commits at least what a smaller one would per cycle, and estimates this close
-                # are noise (two near-equal blocks otherwise flip between requests).
-                near = [
-                    a
-                    for a in known
-                    if a[0] == "spec"
-                    and est[a].tps * (1.0 + rule.switch_margin) >= est[current].tps
-                ]
-                current = max(near, key=lambda a: a[1])
+                current = self._settled_block(known, est, rule)
             return current, f"{span}: fastest known {self._fmt(current, est)}", kind
         assert current is not None
+        if fresh_block and current[0] == "spec":
+            # A new span: its block size is chosen afresh among the measured spec blocks, as at
+            # the start (changing the block costs nothing and cannot flap within the span);
+            # spec vs AR keeps the hysteresis below. A block chosen for a short reasoning span
+            # otherwise carried into the tool call after it (8 where 16 commits twice as much).
+            spec_known = [a for a in known if a[0] == "spec"]
+            if spec_known:
+                current = self._settled_block(spec_known, est, rule)
         cur = est[current]
         if not cur.known:
             return current, f"{span}: keep {arm_name(current)} (not measured here yet)", kind
@@ -491,12 +493,23 @@ class PolicyController:
             ):
                 best, best_p = a, p
         if best == current:
-            return current, f"{span}: keep {self._fmt(current, est)}", kind
+            verb = "keep" if current == self.arm else "block size for this span:"
+            return current, f"{span}: {verb} {self._fmt(current, est)}", kind
         return (
             best,
             f"{span}: {self._fmt(best, est)} beats {self._fmt(current, est)} (p={best_p:.2f})",
             kind,
         )
+
+    @staticmethod
+    def _settled_block(known: list[Arm], est: dict[Arm, Throughput], rule: SpanRule) -> Arm:
+        """Among the measured spec blocks within the switch margin of the fastest, the
+        largest: it commits at least what a smaller one would per cycle, and estimates this
+        close are noise (two near-equal blocks otherwise flip between requests)."""
+        spec = [a for a in known if a[0] == "spec"]
+        fastest = max(est[a].tps for a in spec)
+        near = [a for a in spec if est[a].tps * (1.0 + rule.switch_margin) >= fastest]
+        return max(near, key=lambda a: a[1])
 
     @staticmethod
     def _fmt(arm: Arm, est: dict[Arm, Throughput]) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 from toolflash.engine.api import GenerationStats
 from toolflash.policy.config import PolicyConfig
 from toolflash.policy.controller import AdaptivePolicy
+from toolflash.policy.estimates import Throughput
 from toolflash.policy.request_class import RequestClass
 
 from .fakes import FakeClock, spec_record
@@ -236,3 +237,52 @@ def test_rechecks_back_off_while_the_choice_is_clear_and_still_catch_a_change(
             switched_at = i
             break
     assert switched_at is not None and switched_at - 200 <= 48
+
+
+def test_each_span_takes_its_own_block_size(tmp_path: Path) -> None:
+    # Reasoning accepts 3 draft tokens (block 4 is fastest: 4 tokens per 7.5 ms), tool calls
+    # accept all 15 (block 16: 16 tokens per 12 ms). Entering the call must not keep the
+    # reasoning's block: a span's first decision picks its block afresh.
+    world = dict(
+        accepted={"reasoning": 3, "tool_call": 15, "text": 3},
+        cycle_s={16: 0.012, 8: 0.009, 4: 0.0075},
+        ar_s=0.004,
+        noise=0.05,
+    )
+    think = RequestClass(kind="tools", thinking="on", after_tool_result=False, length_band="lt1k")
+    script = "<think>\n" + "Plan: read the file, then fix the bug in it. " * 4 + "</think>\n\n"
+    script += CALL * 2
+    pol = policy(tmp_path)
+    for seed in range(6):
+        ctrl = pol.controller_for("m", think, False)
+        trace = drive(ctrl, World(**world, seed=seed), script, block=16)  # type: ignore[arg-type]
+    call_blocks = [b for s, m, b in trace.steps if s == "tool_call" and m == "spec"]
+    think_blocks = [b for s, m, b in trace.steps if s == "reasoning" and m == "spec"]
+    assert call_blocks and call_blocks.count(16) / len(call_blocks) > 0.8
+    assert think_blocks and think_blocks.count(16) / len(think_blocks) < 0.5
+
+
+def test_span_entry_picks_the_spans_block_without_waiting_for_confidence(
+    tmp_path: Path,
+) -> None:
+    # In the new span, block 16 measures 20% faster than the current block 8, but with a
+    # spread that leaves p(16 faster) below min_confidence: a within-span recheck keeps 8
+    # (hysteresis), the span's first decision takes 16 (a block change cannot flap).
+    ctrl = policy(tmp_path).controller_for("m", TOOLS, False)
+    ctrl.start(300, 16)
+    table = {
+        ("spec", 16): Throughput(1200.0, 400.0, 3.0),
+        ("spec", 8): Throughput(1000.0, 400.0, 3.0),
+        ("spec", 4): Throughput(500.0, 50.0, 3.0),
+        ("ar", 1): Throughput(250.0, 10.0, 20.0),
+    }
+    ctrl._throughput = lambda arm, span: table[arm]  # type: ignore[method-assign]
+    ctrl.arm = ("spec", 8)
+    rule = ctrl.policy.rule(ctrl.label, "tool_call")
+    kept, _, _ = ctrl._choose(rule, "tool_call", ("spec", 8))
+    fresh, reason, kind = ctrl._choose(rule, "tool_call", ("spec", 8), fresh_block=True)
+    assert kept == ("spec", 8)
+    assert fresh == ("spec", 16) and kind == "span" and "block size for this span" in reason
+    # Spec vs AR keeps its hysteresis: AR faster with confidence still wins at span entry.
+    table[("ar", 1)] = Throughput(5000.0, 10.0, 20.0)
+    assert ctrl._choose(rule, "tool_call", ("spec", 8), fresh_block=True)[0] == ("ar", 1)

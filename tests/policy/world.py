@@ -44,9 +44,11 @@ class Trace:
     tokens: int
 
 
-def drive(controller: ModeController, world: World, script: str, prompt: int = 300) -> Trace:
+def drive(
+    controller: ModeController, world: World, script: str, prompt: int = 300, block: int = 8
+) -> Trace:
     truth = span_at(script)
-    decision = controller.start(prompt, 8)
+    decision = controller.start(prompt, block)
     pos, i, seconds = 0, 0, 0.0
     steps: list[tuple[str, str, int]] = []
     records = []
