@@ -40,6 +40,10 @@ from .store import PolicyStore
 log = structlog.get_logger(__name__)
 
 AR: Arm = ("ar", 1)
+# AR steps before a span that this request moved to AR retries one spec cycle; the wait
+# doubles after each lost retry, up to the maximum.
+_RETRY_FIRST = 16
+_RETRY_MAX = 256
 
 
 @dataclass
@@ -159,9 +163,21 @@ _RECORDED_KINDS = (
     "opening-won",
     "opening-lost",
     "opening-void",
+    "retry",
+    "retry-won",
+    "retry-lost",
 )
-# Arm changes that are not counted as switches (a start, a probe and its return).
-_NOT_SWITCHES = ("start", "probe", "probe-lost", "opening", "opening-lost", "opening-void")
+# Arm changes that are not counted as switches (a start, a probe or retry and its return).
+_NOT_SWITCHES = (
+    "start",
+    "probe",
+    "probe-lost",
+    "opening",
+    "opening-lost",
+    "opening-void",
+    "retry",
+    "retry-lost",
+)
 
 
 class PolicyController:
@@ -217,6 +233,12 @@ class PolicyController:
         # Spans where this request's own acceptance chose AR: the class estimates (which may
         # favour spec) do not switch them back within this request (no flapping).
         self._own_ar: set[str] = set()
+        # ... but the request's acceptance can recover (an explanation that starts slowly and
+        # then flows): after `_RETRY_FIRST` AR steps one spec cycle retries, doubling the wait
+        # after each lost retry. `_retry` is the span whose retry cycle awaits its verdict.
+        self._own_ar_at: dict[str, int] = {}
+        self._own_ar_wait: dict[str, int] = {}
+        self._retry: str | None = None
         self.reason = ""
         self._t_last = 0.0
         self._steps: dict[tuple[str, str], int] = {}
@@ -276,6 +298,10 @@ class PolicyController:
             opened, self._opening = self._opening, None
             if new_span == span == opened:
                 return self._end_opening(span)
+        if self._retry is not None:
+            retried, self._retry = self._retry, None
+            if new_span == span == retried:
+                return self._end_retry(span)
         if new_span != span:
             self._reset_rechecks()
             rule = self.policy.rule(self.label, new_span)
@@ -289,6 +315,13 @@ class PolicyController:
             # known arm beats it outright (switch), only then whether to explore. Probing other
             # block sizes while a measured arm is clearly faster would only delay the switch
             # (a cold class whose prior was too optimistic spent 32 steps so).
+            if self.arm == AR and span in self._own_ar:
+                waited = self.steps - self._own_ar_at[span]
+                if waited >= self._own_ar_wait[span]:
+                    self._retry = span
+                    block = self._best_block(span)
+                    why = f"{span}: one spec{block} cycle after {waited} ar steps"
+                    return self._set(("spec", block), "retry", why, span)
             due = self.steps >= self._next_check or self.dwell == self.min_dwell
             if due and self.dwell >= self.min_dwell:
                 own = self._request_verdict(rule, span, self.evidence.tau(span))
@@ -296,6 +329,8 @@ class PolicyController:
                     verdict, why = own
                     if verdict == "ar":
                         self._own_ar.add(span)
+                        self._own_ar_at[span] = self.steps
+                        self._own_ar_wait.setdefault(span, _RETRY_FIRST)
                         return self._set(AR, "request", why, span)
                     if verdict == "spec":  # this request beats AR: the class mean does not rule
                         self._recheck_done()
@@ -674,6 +709,21 @@ class PolicyController:
             f"(tau {tau:.2f}, {self.evidence.cycles(span)} cycles) vs ar {ar.tps:.0f} tok/s"
         )
         return verdict, why
+
+    def _end_retry(self, span: str) -> ModeDecision:
+        """The verdict on a retry cycle in a span this request had moved to AR: its tokens per
+        cycle over the window, the retry included, against AR. Won: spec again, and the
+        class estimates rule the span once more; lost: AR, retried twice as late."""
+        rule = self.policy.rule(self.label, span)
+        own = self._request_verdict(rule, span, self.evidence.tau(span, min_cycles=1))
+        if own is not None and own[0] == "spec":
+            self._own_ar.discard(span)
+            self._own_ar_wait[span] = _RETRY_FIRST
+            return self._set(self.arm, "retry-won", own[1], span)
+        self._own_ar_at[span] = self.steps
+        self._own_ar_wait[span] = min(2 * self._own_ar_wait[span], _RETRY_MAX)
+        why = own[1] if own is not None else f"{span}: retry not judgeable"
+        return self._set(AR, "retry-lost", why, span)
 
     def _end_opening(self, span: str) -> ModeDecision:
         """The opening probe's verdict from its one cycle: stay speculative when it beat AR,

@@ -170,10 +170,43 @@ def test_a_request_that_chose_ar_on_its_own_evidence_does_not_flap_back(tmp_path
         decision = ctrl.after_step(rec, [0] * rec.committed, "word ")
         modes.append(decision.mode)
     # One switch to AR on its own evidence; the class estimates (still favouring spec) do not
-    # switch it back at the rechecks that follow.
+    # switch it back at the rechecks that follow. Only single retry cycles run spec again,
+    # after 16 and then 32 AR steps (each lost here: nothing is accepted).
     first_ar = modes.index("ar")
-    assert set(modes[first_ar:]) == {"ar"}
-    assert [d["kind"] for d in ctrl.decisions] == ["start", "request"]
+    retries = [i for i, m in enumerate(modes[first_ar:]) if m == "spec"]
+    assert [b - a for a, b in zip(retries, retries[1:])] == [33]
+    assert retries[0] == 16
+    kinds = [d["kind"] for d in ctrl.decisions]
+    assert kinds == ["start", "request", "retry", "retry-lost", "retry", "retry-lost"]
+    assert [d["mode"] for d in ctrl.decisions[1:]] == ["ar", "spec", "ar", "spec", "ar"]
+    assert ctrl.switches == 1
+
+
+def test_a_retry_that_accepts_well_resumes_spec(tmp_path: Path) -> None:
+    pol = policy(tmp_path, "exploration: {budget_per_request: 0}\n")
+    pol.model("m").estimates.observe_ar("m", 0.004, 300)
+    ctrl = pol.controller_for("m", CHAT, False)
+    decision = ctrl.start(300, 8)
+    for i in range(60):  # the class: spec pays
+        decision = ctrl.after_step(spec_record(i, 8, 5, 0.010), [0] * 6, "word ")
+    ctrl = pol.controller_for("m", CHAT, False)
+    decision = ctrl.start(300, 8)
+    modes = []
+    for i in range(60):  # a slow start (nothing accepted), then the drafter keeps up
+        good = "ar" in modes
+        if decision.mode == "spec":
+            rec = spec_record(i, 8, 7 if good else 0, 0.010)
+        else:
+            rec = ar_record(i, 0.004)
+        decision = ctrl.after_step(rec, [0] * rec.committed, "word ")
+        modes.append(decision.mode)
+    # The window still holds the slow start: the first retry (8 tokens) lifts it to 2.4
+    # tokens per cycle, just under AR; the second, 32 AR steps later, wins back spec.
+    first_ar = modes.index("ar")
+    assert modes.index("spec", first_ar) - first_ar == 16
+    assert set(modes[-6:]) == {"spec"}
+    kinds = [d["kind"] for d in ctrl.decisions]
+    assert kinds[1:] == ["request", "retry", "retry-lost", "retry", "retry-won"]
 
 
 def test_an_opening_that_meets_a_forced_run_is_void(tmp_path: Path) -> None:
