@@ -87,6 +87,7 @@ def build_engine(
     """Load target and drafter and return the engine. model=None serves the default embedded
     tiny pair, an id of `EMBEDDED_PAIRS` that pair; draft=None looks any other target up in
     the registry of published DFlash drafts."""
+    embedded_draft = False  # the embedded pair's own drafter (its id follows the model's)
     if model is None or model in EMBEDDED_PAIRS:
         model_id = model or EMBEDDED_MODEL
         target_dir, draft_dir = EMBEDDED_PAIRS[model_id]
@@ -97,8 +98,8 @@ def build_engine(
                 f"the embedded tiny model is missing at {target_path}; rebuild it with "
                 "`toolflash zoo build` or pass --model"
             )
+        embedded_draft = draft is None
         draft = draft or str(base / draft_dir)
-        model = None  # the draft id below is the served id's
     else:
         target_path = resolve_model_path(model)
         model_id = model
@@ -111,7 +112,7 @@ def build_engine(
         draft_path = resolve_model_path(draft)
         info = TargetInfo.from_config(config, family=target.family)
         drafter = load_draft(draft_path, info)
-        draft_id = draft if model is not None else f"{model_id}-dflash"
+        draft_id = f"{model_id}-dflash" if embedded_draft else draft
     else:
         log.warning("no_drafter", model=model_id, detail="serving target-only (AR)")
     text_config = config.get("text_config") or config

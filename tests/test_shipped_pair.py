@@ -51,3 +51,6 @@ def test_embedded_pairs_load_by_their_served_ids() -> None:
     engine = build_engine("toolflash-tiny-qwen3")
     assert engine.model_id == "toolflash-tiny-qwen3" and engine.target.family == "qwen3"
     assert engine.draft_id == "toolflash-tiny-qwen3-dflash"
+    # An explicit drafter keeps its own id.
+    path = str(assets_dir() / "qwen3-tiny-dflash")
+    assert build_engine("toolflash-tiny-qwen3", path).draft_id == path
