@@ -155,15 +155,20 @@ def test_request_recheck_leaves_spec_for_a_request_that_accepts_badly(tmp_path: 
     )
 
 
-def test_a_request_that_chose_ar_on_its_own_evidence_does_not_flap_back(tmp_path: Path) -> None:
+def _request_in_a_spec_class(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A chat request's controller (and its start decision) in a class where spec pays."""
     pol = policy(tmp_path, "exploration: {budget_per_request: 0}\n")
     pol.model("m").estimates.observe_ar("m", 0.004, 300)
     ctrl = pol.controller_for("m", CHAT, False)
-    decision = ctrl.start(300, 8)
-    for i in range(60):  # the class: spec pays
-        decision = ctrl.after_step(spec_record(i, 8, 5, 0.010), [0] * 6, "word ")
+    ctrl.start(300, 8)
+    for i in range(60):
+        ctrl.after_step(spec_record(i, 8, 5, 0.010), [0] * 6, "word ")
     ctrl = pol.controller_for("m", CHAT, False)
-    decision = ctrl.start(300, 8)
+    return ctrl, ctrl.start(300, 8)
+
+
+def test_a_request_that_chose_ar_on_its_own_evidence_does_not_flap_back(tmp_path: Path) -> None:
+    ctrl, decision = _request_in_a_spec_class(tmp_path)
     modes = []
     for i in range(80):  # this request: nothing accepted
         rec = spec_record(i, 8, 0, 0.010) if decision.mode == "spec" else ar_record(i, 0.004)
@@ -183,14 +188,7 @@ def test_a_request_that_chose_ar_on_its_own_evidence_does_not_flap_back(tmp_path
 
 
 def test_a_retry_that_accepts_well_resumes_spec(tmp_path: Path) -> None:
-    pol = policy(tmp_path, "exploration: {budget_per_request: 0}\n")
-    pol.model("m").estimates.observe_ar("m", 0.004, 300)
-    ctrl = pol.controller_for("m", CHAT, False)
-    decision = ctrl.start(300, 8)
-    for i in range(60):  # the class: spec pays
-        decision = ctrl.after_step(spec_record(i, 8, 5, 0.010), [0] * 6, "word ")
-    ctrl = pol.controller_for("m", CHAT, False)
-    decision = ctrl.start(300, 8)
+    ctrl, decision = _request_in_a_spec_class(tmp_path)
     modes = []
     for i in range(60):  # a slow start (nothing accepted), then the drafter keeps up
         good = "ar" in modes
