@@ -22,7 +22,10 @@ a long system prompt and ten tools with long descriptions, see shared/design-not
 add about the same ~730 tokens per turn. A cache can at best skip what was seen before, so the
 `floor` column (computed / prompt tokens) bounds the warm/cold ratio from below when a token's
 cost does not depend on its position; `attn` is the bound when it grows with the position (all
-attention, as in the tiny models at these lengths): 1 - (restored / prompt)^2. Server-side
+attention, as in the tiny models at these lengths): 1 - (restored / prompt)^2. After the
+restart a turn restores the longest snapshot of either tier, and the disk holds the first
+server's snapshot at that turn's stable prefix (all of the prompt but the generation header),
+so the restarted server computes a handful of tokens per turn (`L2 rest.` column). Server-side
 times (arrival to first token, prefill) and tokens per cycle come from the `toolflash` object
 of the usage chunk.
 """
@@ -379,6 +382,7 @@ def summarize(repeats: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for t in range(len(repeats[0]["cold"])):
         first = repeats[0]["warm_l1"][t]
+        restored_l2 = repeats[0]["restart_l2"][t]["cached_tokens"]
         l1 = [r["warm_l1"][t]["ttft_s"] / r["cold"][t]["ttft_s"] for r in repeats]
         l2 = [r["restart_l2"][t]["ttft_s"] / r["cold_l2_pass"][t]["ttft_s"] for r in repeats]
         prompt = first["prompt_tokens"]
@@ -388,6 +392,7 @@ def summarize(repeats: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "prompt_tokens": prompt,
                 "restored_tokens": first["cached_tokens"],
                 "computed_tokens": first["computed_tokens"],
+                "restored_tokens_l2": restored_l2,
                 "cold_ttft_s": statistics.median(
                     r[k][t]["ttft_s"] for r in repeats for k in ("cold", "cold_l2_pass")
                 ),
@@ -464,7 +469,8 @@ def main() -> None:
     results["summary"] = summary = summarize(runs)
     results["runs"] = runs
     print(
-        f"{'turn':>4} {'prompt':>6} {'restored':>8} {'computed':>8} | {'cold TTFT':>9} | "
+        f"{'turn':>4} {'prompt':>6} {'restored':>8} {'computed':>8} {'L2 rest.':>8} | "
+        f"{'cold TTFT':>9} | "
         f"{'L1 ratio':>8} {'(min-max)':>11} | {'L2 ratio':>8} {'(min-max)':>11} | "
         f"{'tau c/L1/L2':>14} | {'floor':>5} {'attn':>5}"
     )
@@ -477,7 +483,8 @@ def main() -> None:
         )
         print(
             f"{row['turn']:>4} {row['prompt_tokens']:>6} {row['restored_tokens']:>8} "
-            f"{row['computed_tokens']:>8} | {row['cold_ttft_s']:>9.3f} | "
+            f"{row['computed_tokens']:>8} {row['restored_tokens_l2']:>8} | "
+            f"{row['cold_ttft_s']:>9.3f} | "
             f"{row['l1_ratio']:>8.3f} {lo1:>5.2f}-{hi1:<5.2f} | {row['l2_ratio']:>8.3f} "
             f"{lo2:>5.2f}-{hi2:<5.2f} | {taus:>14} | {row['floor']:>5.2f} {row['attn']:>5.2f}"
         )

@@ -190,15 +190,20 @@ class DiskCache:
         log.info("l2_removed", id=ident, reason=reason)
 
     # -- lookup ------------------------------------------------------------------------
-    def lookup(self, key: SnapshotKey, tokens: tuple[int, ...] | list[int]) -> Snapshot | None:
-        """The longest valid snapshot with this key that is a prefix of `tokens`."""
+    def lookup(
+        self, key: SnapshotKey, tokens: tuple[int, ...] | list[int], min_tokens: int = 0
+    ) -> Snapshot | None:
+        """The longest valid snapshot with this key that is a prefix of `tokens` and covers
+        at least `min_tokens` tokens."""
         self._rescan()
         with self._lock:
             candidates = sorted(
                 (
                     e
                     for e in self._index.values()
-                    if e.key_digest == key.digest and is_prefix(e.tokens, tokens)
+                    if e.key_digest == key.digest
+                    and len(e.tokens) >= min_tokens
+                    and is_prefix(e.tokens, tokens)
                 ),
                 key=lambda e: -len(e.tokens),
             )

@@ -34,6 +34,10 @@ class CacheConfig:
     l2_bytes: int = 8 << 30
     # How long closing (server shutdown, process exit) waits for queued disk writes.
     l2_close_timeout_s: float = CLOSE_TIMEOUT_S
+    # A disk snapshot replaces a shorter L1 hit when it covers at least this many more tokens:
+    # loading reads and checksums the whole snapshot, so a gain of a few tokens costs more
+    # than computing them.
+    l2_min_gain_tokens: int = 256
 
 
 @dataclass(frozen=True)
@@ -61,14 +65,18 @@ class PrefixCache:
         self._busy_lock = threading.Lock()
 
     def lookup(self, key: SnapshotKey, tokens: Sequence[int]) -> CacheHit | None:
-        """Longest snapshot whose tokens are an exact prefix of `tokens`, from L1 then L2
-        (an L2 hit is promoted to L1). A snapshot covering all of `tokens` is fine: it
-        carries the logits at its last position."""
+        """Longest snapshot whose tokens are an exact prefix of `tokens`, over both tiers.
+        L2 is read when L1 misses, or when it holds a snapshot at least
+        `l2_min_gain_tokens` longer than L1's hit (written by an earlier server or another
+        process on the same directory, or evicted from L1); an L2 hit is promoted to L1. A
+        snapshot covering all of `tokens` is fine: it carries the logits at its last
+        position."""
         toks = tuple(tokens)
         hit = self.l1.lookup(key, toks)
         tier: Tier = "l1"
         if self.l2 is not None:
-            deeper = self.l2.lookup(key, toks) if hit is None else None
+            floor = 0 if hit is None else len(hit.tokens) + self.config.l2_min_gain_tokens
+            deeper = self.l2.lookup(key, toks, min_tokens=floor)
             if deeper is not None:
                 self.l1.put(deeper)
                 hit, tier = deeper, "l2"

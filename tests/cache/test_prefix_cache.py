@@ -199,6 +199,45 @@ def test_l2_damaged_files_are_skipped_and_removed(
     cache.close()
 
 
+def test_a_longer_l2_snapshot_beats_a_shorter_l1_hit(model_dirs: Any, tmp_path: Path) -> None:
+    """After a restart, L1 holds what this process saw (here the stable prefix) while the disk
+    holds the earlier server's end-of-request snapshot: the longer one wins when it gains at
+    least `l2_min_gain_tokens`, and is then served from L1."""
+    engine, turn2, directory = _published_l2(model_dirs, tmp_path / "l2")
+    prompt = turn2[:-1]
+    _, stable, _ = turn_prompts(engine)
+    end = len(turn2) - 1  # the end-of-request snapshot (the staged last token is not in it)
+
+    def restarted(min_gain: int) -> PrefixCache:
+        cache = PrefixCache(CacheConfig(l2_dir=str(directory), l2_min_gain_tokens=min_gain))
+        diverging = [*prompt[:stable], *engine.encode("zzz unrelated")]
+        first = cache.lookup(engine.cache_key, diverging)  # L1 miss: the stable prefix, from L2
+        assert first is not None and first.tier == "l2" and len(first.snapshot.tokens) == stable
+        return cache
+
+    cache = restarted(min_gain=end - stable)
+    hit = cache.lookup(engine.cache_key, prompt)
+    assert hit is not None and hit.tier == "l2" and len(hit.snapshot.tokens) == end
+    again = cache.lookup(engine.cache_key, prompt)
+    assert again is not None and again.tier == "l1" and len(again.snapshot.tokens) == end
+    assert cache.counters["hits_l2"] == 2 and cache.counters["hits_l1"] == 1
+    cache.close()
+
+    cache = restarted(min_gain=end - stable + 1)  # gains one token too few: L1's hit stands
+    hit = cache.lookup(engine.cache_key, prompt)
+    assert hit is not None and hit.tier == "l1" and len(hit.snapshot.tokens) == stable
+    cache.close()
+
+    # A longer disk snapshot that turns out damaged falls back to L1's hit, not to a miss.
+    cache = restarted(min_gain=0)
+    for data in directory.glob("*.safetensors"):
+        if data.stat().st_size == max(p.stat().st_size for p in directory.glob("*.safetensors")):
+            data.write_bytes(data.read_bytes()[:100])
+    hit = cache.lookup(engine.cache_key, prompt)
+    assert hit is not None and hit.tier == "l1" and len(hit.snapshot.tokens) == stable
+    cache.close()
+
+
 def test_l2_disk_full_drops_the_snapshot_and_keeps_serving(
     model_dirs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -61,6 +61,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None, help="L2 (disk) snapshot directory (off if unset)")
     p.add_argument("--cache-disk-mb", type=float, default=8192, help="L2 (disk) byte budget")
     p.add_argument(
+        "--cache-disk-min-gain",
+        type=int,
+        default=256,
+        help="read a disk snapshot instead of a RAM hit when it covers at least this many "
+        "more prompt tokens",
+    )
+    p.add_argument(
         "--policy",
         choices=("adaptive", "off"),
         default="adaptive",
@@ -131,6 +138,7 @@ def _engine_factory(args: argparse.Namespace) -> Any:
             l1_bytes=int(args.cache_ram_mb * 1024 * 1024),
             l2_dir=args.cache_dir,
             l2_bytes=int(args.cache_disk_mb * 1024 * 1024),
+            l2_min_gain_tokens=args.cache_disk_min_gain,
         )
         return build_engine(
             args.model, args.draft, mode=args.mode, block_size=args.block_size, cache=cache
