@@ -75,7 +75,8 @@ class PrefixCache:
         hit = self.l1.lookup(key, toks)
         tier: Tier = "l1"
         if self.l2 is not None:
-            floor = 0 if hit is None else len(hit.tokens) + self.config.l2_min_gain_tokens
+            gain = max(self.config.l2_min_gain_tokens, 1)  # strictly longer than L1's hit
+            floor = 0 if hit is None else len(hit.tokens) + gain
             deeper = self.l2.lookup(key, toks, min_tokens=floor)
             if deeper is not None:
                 self.l1.put(deeper)
