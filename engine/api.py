@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 Mode = Literal["spec", "ar"]
+# Whether a speculative cycle may draft less than the block (engine/draft_length.py).
+DraftLength = Literal["adaptive", "fixed"]
 FinishReason = Literal["stop", "length", "cancelled"]
 
 
@@ -102,7 +104,10 @@ class GenerationRequest:
     prompt_tokens: tuple[int, ...]
     max_tokens: int
     mode: Mode = "spec"
+    # The largest block; `draft_length` says whether cycles may draft less (None: the
+    # engine's default). Both only apply where no policy decides the block.
     block_size: int | None = None
+    draft_length: DraftLength | None = None
     stop_token_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = ()
     sampling: SamplingParams = SamplingParams()

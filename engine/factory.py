@@ -11,7 +11,7 @@ import structlog
 
 from toolflash.cache.prefix_cache import CacheConfig, PrefixCache
 
-from .api import EngineError
+from .api import DraftLength, EngineError
 from .draft_context import DraftWindow
 from .draft_loading import TargetInfo, load_draft
 from .generation_config import read_generation_defaults
@@ -79,6 +79,7 @@ def build_engine(
     *,
     mode: str = "spec",
     block_size: int | None = None,
+    draft_length: DraftLength = "adaptive",
     window: DraftWindow | None = None,
     context_length: int | None = None,
     no_draft: bool = False,
@@ -120,6 +121,7 @@ def build_engine(
     options = EngineOptions(
         mode="spec" if mode == "spec" else "ar",
         block_size=block_size,
+        draft_length=draft_length,
         window=window or DraftWindow(),
         context_length=context_length,
     )

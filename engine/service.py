@@ -30,6 +30,7 @@ from .api import (
 )
 from .choosers import build_chooser
 from .draft_context import DraftWindow
+from .draft_length import DraftLength, DraftLengthSchedule
 from .drafter import DFlashDrafter
 from .sampling.logprobs import RawLogprob
 from .session import GenerationSession
@@ -49,6 +50,7 @@ class EngineOptions:
 
     mode: Mode = "spec"
     block_size: int | None = None
+    draft_length: DraftLength = "adaptive"
     window: DraftWindow = DraftWindow()
     prefill_chunk: int = 512
     context_length: int | None = None
@@ -243,6 +245,13 @@ class DFlashEngine:
         max_tokens = min(request.max_tokens, self.context_length - len(prompt))
         mode: Mode = request.mode if self.drafter is not None else "ar"
         block_size = request.block_size or self.default_block_size
+        # Without a policy the block follows the drafter's reach (see draft_length.py).
+        schedule = (
+            DraftLengthSchedule(block_size)
+            if controller is None
+            and (request.draft_length or self.options.draft_length) == "adaptive"
+            else None
+        )
         session = GenerationSession(
             self.target,
             self.drafter,
@@ -299,9 +308,13 @@ class DFlashEngine:
                     reason = "cancelled"
                     break
                 mode = request.mode_plan.get(len(cycles), mode) if self.drafter else "ar"
+                if schedule is not None:
+                    block_size = schedule.block
                 block = min(block_size, matcher.remaining)
                 step = session.step(mode, block, matcher.check)
                 cycles.append(step.record)
+                if schedule is not None:
+                    schedule.observe(step.record)
                 finished = step.finished
                 delta = text.push(step.tokens)
                 yield TokenEvent(

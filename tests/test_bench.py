@@ -53,3 +53,23 @@ def test_pooled_ratio_weighs_long_runs() -> None:
     assert bench._pooled_ratio(spec, ar) == pytest.approx(11.0 / 10.25)
     assert bench._pooled_ratio([0.0, 0.0], ar) == 0.0
     assert bench._pooled_ratio(spec, [0.0, 0.0]) == 0.0
+
+
+def test_draft_lengths_side_by_side_share_the_ar_runs() -> None:
+    engine = FakeEngine()
+    seen: list[Any] = []
+    generate = engine.generate
+
+    def record(request: Any, *a: Any, **kw: Any) -> Any:
+        seen.append((request.mode, request.draft_length, request.max_tokens))
+        return generate(request, *a, **kw)
+
+    engine.generate = record  # type: ignore[method-assign]
+    prompts = [BenchPrompt("code", [{"role": "user", "content": "SCRIPT:def f(): pass"}])]
+    report = run_benchmark(engine, prompts, max_tokens=16, draft_lengths=("fixed", "adaptive"))
+    rows = [(r["kind"], r["draft_length"], r["lossless"]) for r in report["kinds"]]
+    assert rows == [("code", "fixed", True), ("code", "adaptive", True)]
+    assert report["kinds"][0]["ar_tok_s"] == report["kinds"][1]["ar_tok_s"]
+    measured = [s for s in seen if s[2] == 16]  # the warm-up asks for 8 tokens
+    assert measured == [("ar", None, 16), ("spec", "fixed", 16), ("spec", "adaptive", 16)]
+    assert "adaptive" in format_report(report) and "fixed" in format_report(report)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from toolflash.engine.api import (
+    DraftLength,
     Engine,
     FinishEvent,
     GenerationRequest,
@@ -47,6 +48,7 @@ class KindResult:
     kind: str
     prompts: int
     temperature: float
+    draft_length: str  # adaptive | fixed (engine/draft_length.py)
     ar_tok_s: float
     spec_tok_s: float
     speedup: float
@@ -65,9 +67,14 @@ def _run(
     mode: Mode,
     max_tokens: int,
     sampling: SamplingParams = SamplingParams(),
+    draft_length: DraftLength | None = None,
 ) -> tuple[list[int], GenerationStats]:
     request = GenerationRequest(
-        prompt_tokens=tuple(prompt), max_tokens=max_tokens, mode=mode, sampling=sampling
+        prompt_tokens=tuple(prompt),
+        max_tokens=max_tokens,
+        mode=mode,
+        sampling=sampling,
+        draft_length=draft_length,
     )
     tokens: list[int] = []
     stats = None
@@ -88,16 +95,15 @@ def bench_kind(
     repeats: int,
     temperature: float = 0.0,
     seed: int = 0,
-) -> KindResult:
-    """Run every prompt of one kind in both modes at `temperature`; report medians of
+    draft_lengths: Sequence[DraftLength] = ("adaptive",),
+) -> list[KindResult]:
+    """Run every prompt of one kind at `temperature`: AR, then spec once per draft length,
+    back to back; one result per draft length (the AR runs are shared), with medians of
     per-run decode speed and the pooled ratio. Sampled runs take seeds seed, seed+1, ...
     (one per run)."""
     ar_speeds: list[float] = []
-    spec_speeds: list[float] = []
-    spec_stats: list[GenerationStats] = []
     ar_pooled = [0.0, 0.0]  # tokens, decode seconds
-    spec_pooled = [0.0, 0.0]
-    lossless = True
+    spec: dict[DraftLength, _SpecRuns] = {d: _SpecRuns() for d in draft_lengths}
     prompt_lens, out_lens = [], []
     for p in prompts:
         ids = engine.encode_chat(p.messages, p.tools, p.template_kwargs)
@@ -107,42 +113,84 @@ def bench_kind(
             sampling = SamplingParams(temperature=temperature, seed=seed)
             seed += 1
             ar_tokens, ar = _run(engine, ids, "ar", max_tokens, sampling)
-            spec_tokens, spec = _run(engine, ids, "spec", max_tokens, sampling)
-            lossless &= ar_tokens == spec_tokens
             ar_speeds.append(ar.decode_tokens_per_s)
-            spec_speeds.append(spec.decode_tokens_per_s)
-            spec_stats.append(spec)
-            for pool, st in ((ar_pooled, ar), (spec_pooled, spec)):
-                pool[0] += st.completion_tokens
-                pool[1] += st.decode_s
+            ar_pooled[0] += ar.completion_tokens
+            ar_pooled[1] += ar.decode_s
             out_lens.append(len(ar_tokens))
-    ar_med, spec_med = statistics.median(ar_speeds), statistics.median(spec_speeds)
-    cycles = [c for s in spec_stats for c in s.cycles if c.mode == "spec"]
-    block = max((c.block_size for c in cycles), default=1)
-    by_pos = [
-        sum(1 for c in cycles if c.accepted >= k) / len(cycles) if cycles else 0.0
-        for k in range(1, block)
+            for draft_length, runs in spec.items():
+                tokens, stats = _run(engine, ids, "spec", max_tokens, sampling, draft_length)
+                runs.add(tokens == ar_tokens, stats)
+    ar_med = statistics.median(ar_speeds)
+    return [
+        runs.result(
+            kind,
+            len(prompts),
+            temperature,
+            draft_length,
+            ar_med,
+            _pooled_ratio(runs.pooled, ar_pooled),
+            statistics.mean(prompt_lens),
+            statistics.mean(out_lens) if out_lens else 0.0,
+        )
+        for draft_length, runs in spec.items()
     ]
-    phase_total = sum(c.total_s for c in cycles) or 1.0
-    return KindResult(
-        kind=kind,
-        prompts=len(prompts),
-        temperature=temperature,
-        ar_tok_s=ar_med,
-        spec_tok_s=spec_med,
-        speedup=spec_med / ar_med if ar_med else 0.0,
-        pooled_speedup=_pooled_ratio(spec_pooled, ar_pooled),
-        tokens_per_cycle=sum(c.committed for c in cycles) / len(cycles) if cycles else 0.0,
-        acceptance_by_pos=[round(x, 3) for x in by_pos],
-        phase_split={
-            "draft": sum(c.draft_s for c in cycles) / phase_total,
-            "verify": sum(c.verify_s for c in cycles) / phase_total,
-            "rollback": sum(c.rollback_s for c in cycles) / phase_total,
-        },
-        mean_prompt_tokens=statistics.mean(prompt_lens),
-        mean_output_tokens=statistics.mean(out_lens) if out_lens else 0.0,
-        lossless=lossless if temperature == 0 else None,
-    )
+
+
+@dataclass
+class _SpecRuns:
+    """The speculative runs of one kind at one draft length."""
+
+    speeds: list[float] = field(default_factory=list)
+    stats: list[GenerationStats] = field(default_factory=list)
+    pooled: list[float] = field(default_factory=lambda: [0.0, 0.0])  # tokens, decode seconds
+    lossless: bool = True
+
+    def add(self, same_as_ar: bool, stats: GenerationStats) -> None:
+        self.lossless &= same_as_ar
+        self.speeds.append(stats.decode_tokens_per_s)
+        self.stats.append(stats)
+        self.pooled[0] += stats.completion_tokens
+        self.pooled[1] += stats.decode_s
+
+    def result(
+        self,
+        kind: str,
+        prompts: int,
+        temperature: float,
+        draft_length: str,
+        ar_med: float,
+        pooled_speedup: float,
+        mean_prompt: float,
+        mean_out: float,
+    ) -> KindResult:
+        spec_med = statistics.median(self.speeds)
+        cycles = [c for s in self.stats for c in s.cycles if c.mode == "spec"]
+        block = max((c.block_size for c in cycles), default=1)
+        by_pos = [
+            sum(1 for c in cycles if c.accepted >= k) / len(cycles) if cycles else 0.0
+            for k in range(1, block)
+        ]
+        phase_total = sum(c.total_s for c in cycles) or 1.0
+        return KindResult(
+            kind=kind,
+            prompts=prompts,
+            temperature=temperature,
+            draft_length=draft_length,
+            ar_tok_s=ar_med,
+            spec_tok_s=spec_med,
+            speedup=spec_med / ar_med if ar_med else 0.0,
+            pooled_speedup=pooled_speedup,
+            tokens_per_cycle=sum(c.committed for c in cycles) / len(cycles) if cycles else 0.0,
+            acceptance_by_pos=[round(x, 3) for x in by_pos],
+            phase_split={
+                "draft": sum(c.draft_s for c in cycles) / phase_total,
+                "verify": sum(c.verify_s for c in cycles) / phase_total,
+                "rollback": sum(c.rollback_s for c in cycles) / phase_total,
+            },
+            mean_prompt_tokens=mean_prompt,
+            mean_output_tokens=mean_out,
+            lossless=self.lossless if temperature == 0 else None,
+        )
 
 
 def _pooled_ratio(spec: list[float], ar: list[float]) -> float:
@@ -158,16 +206,19 @@ def run_benchmark(
     repeats: int = 1,
     temperatures: Sequence[float] = (0.0,),
     seed: int = 0,
+    draft_lengths: Sequence[DraftLength] = ("adaptive",),
 ) -> dict[str, Any]:
-    """All kinds at every temperature; returns a JSON-able report with versions and machine."""
+    """All kinds at every temperature and draft length; returns a JSON-able report with
+    versions and machine."""
     kinds: dict[str, list[BenchPrompt]] = {}
     for p in prompts:
         kinds.setdefault(p.kind, []).append(p)
     t0 = time.perf_counter()
     results = [
-        bench_kind(engine, k, ps, max_tokens, repeats, t, seed)
+        r
         for k, ps in kinds.items()
         for t in temperatures
+        for r in bench_kind(engine, k, ps, max_tokens, repeats, t, seed, draft_lengths)
     ]
     return {
         "model": engine.model_id,
@@ -175,6 +226,7 @@ def run_benchmark(
         "max_tokens": max_tokens,
         "repeats": repeats,
         "temperatures": list(temperatures),
+        "draft_lengths": list(draft_lengths),
         "seed": seed,
         "machine": _machine(),
         "wall_s": round(time.perf_counter() - t0, 1),
@@ -202,7 +254,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines = [
         f"model={report['model']} draft={report['draft']} max_tokens={report['max_tokens']} "
         f"device={report['machine']['device']} blas={report['machine']['blas']}",
-        f"{'kind':<10} {'temp':>5} {'AR tok/s':>9} {'spec tok/s':>10} {'speedup':>8} "
+        f"{'kind':<10} {'temp':>5} {'draft':>8} {'AR tok/s':>9} {'spec tok/s':>10} {'speedup':>8} "
         f"{'pooled':>7} {'tok/cycle':>9} {'draft%':>7} {'verify%':>8} {'rollb%':>7} "
         f"{'prompt':>7} {'out':>5} lossless",
     ]
@@ -210,7 +262,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         ph = r["phase_split"]
         lossless = "-" if r["lossless"] is None else str(r["lossless"])
         lines.append(
-            f"{r['kind']:<10} {r['temperature']:>5.2f} {r['ar_tok_s']:>9.1f} {r['spec_tok_s']:>10.1f} "
+            f"{r['kind']:<10} {r['temperature']:>5.2f} {r.get('draft_length', 'fixed'):>8} "
+            f"{r['ar_tok_s']:>9.1f} {r['spec_tok_s']:>10.1f} "
             f"{r['speedup']:>7.2f}x {r['pooled_speedup']:>6.2f}x {r['tokens_per_cycle']:>9.2f} "
             f"{100 * ph['draft']:>6.1f}% "
             f"{100 * ph['verify']:>7.1f}% {100 * ph['rollback']:>6.1f}% "
@@ -220,7 +273,12 @@ def format_report(report: Mapping[str, Any]) -> str:
     if len(temps) > 1:
         lines += ["", "tokens per cycle / speedup vs AR, by temperature:"]
         lines.append(f"{'kind':<10} " + " ".join(f"{'T=' + format(t, 'g'):>15}" for t in temps))
-        by = {(r["kind"], r["temperature"]): r for r in report["kinds"]}
+        first = report["kinds"][0].get("draft_length")
+        by = {
+            (r["kind"], r["temperature"]): r
+            for r in report["kinds"]
+            if r.get("draft_length") == first
+        }
         for kind in dict.fromkeys(r["kind"] for r in report["kinds"]):
             cells = [
                 f"{by[kind, t]['tokens_per_cycle']:>6.2f} / {by[kind, t]['speedup']:>5.2f}x"

@@ -22,6 +22,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument(
+        "--draft-length",
+        default="adaptive",
+        help="adaptive, fixed, or both side by side (adaptive,fixed): whether a cycle may "
+        "draft less than the block after rejected drafts",
+    )
+    p.add_argument(
         "--temperature",
         default="0",
         help="temperature, or a comma list run side by side (e.g. 0,0.6,1.0); 0 is greedy",
@@ -51,8 +57,19 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--temperature: not a number list: {args.temperature!r}") from None
     if not temperatures or any(not 0 <= t <= 2 for t in temperatures):
         raise SystemExit("--temperature: each value must be between 0 and 2")
+    draft_lengths = [d.strip() for d in args.draft_length.split(",") if d.strip()]
+    if not draft_lengths or any(d not in ("adaptive", "fixed") for d in draft_lengths):
+        raise SystemExit("--draft-length: adaptive, fixed or a comma list of them")
     engine = build_engine(args.model, args.draft, block_size=args.block_size)
-    report = run_benchmark(engine, selected, args.max_tokens, args.repeats, temperatures, args.seed)
+    report = run_benchmark(
+        engine,
+        selected,
+        args.max_tokens,
+        args.repeats,
+        temperatures,
+        args.seed,
+        draft_lengths,
+    )
     print(format_report(report))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2))

@@ -21,6 +21,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-think", action="store_true", help="enable_thinking=False")
     p.add_argument("--mode", choices=["spec", "ar"], default="spec")
     p.add_argument("--block-size", type=int, default=None)
+    p.add_argument(
+        "--draft-length",
+        choices=("adaptive", "fixed"),
+        default="adaptive",
+        help="adaptive (default): a cycle drafts less after rejected drafts and back up to the "
+        "block after accepted ones; fixed: every cycle drafts the whole block (where no "
+        "policy decides)",
+    )
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument(
         "--temperature",
@@ -63,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         mode=args.mode,
         block_size=args.block_size,
+        draft_length=args.draft_length,
         sampling=_sampling(args, engine.generation_defaults),
     )
     finish = None

@@ -33,6 +33,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--block-size", type=int, default=None, help="speculative block size")
     p.add_argument(
+        "--draft-length",
+        choices=("adaptive", "fixed"),
+        default="adaptive",
+        help="adaptive (default): a cycle drafts less after rejected drafts and back up to the "
+        "block after accepted ones; fixed: every cycle drafts the whole block (where no "
+        "policy decides)",
+    )
+    p.add_argument(
         "--max-queue",
         type=int,
         default=16,
@@ -141,7 +149,12 @@ def _engine_factory(args: argparse.Namespace) -> Any:
             l2_min_gain_tokens=args.cache_disk_min_gain,
         )
         return build_engine(
-            args.model, args.draft, mode=args.mode, block_size=args.block_size, cache=cache
+            args.model,
+            args.draft,
+            mode=args.mode,
+            block_size=args.block_size,
+            draft_length=args.draft_length,
+            cache=cache,
         )
 
     return build
