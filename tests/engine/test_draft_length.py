@@ -32,10 +32,15 @@ def record(block: int, accepted: int, mode: str = "spec", **kw: Any) -> CycleRec
     )
 
 
-def test_halves_on_a_rejected_draft_and_doubles_on_a_full_one() -> None:
+def test_halves_on_rejected_drafts_and_doubles_on_a_full_one() -> None:
     s = DraftLengthSchedule(16)
     assert s.block == 16
-    for want in (8, 4, 2, 2):  # floor: a block of 2 still drafts
+    s.observe(record(16, 0))  # one rejection alone: common between two long runs
+    assert s.block == 16
+    s.observe(record(16, 3))  # and an accepted token resets the count
+    s.observe(record(16, 0))
+    assert s.block == 16
+    for want in (8, 4, 2, 2):  # then each further rejection halves; floor: 2 still drafts
         s.observe(record(s.block, 0))
         assert s.block == want
     s.observe(record(2, 1))  # the whole draft of one token
@@ -79,8 +84,8 @@ def test_engine_shortens_drafts_after_rejections_losslessly(dirs: tuple[str, str
     assert adaptive == ar == fixed
     blocks = spec_blocks(got.stats)
     top = engine.default_block_size  # the drafter's block (8 for the test drafter)
-    # A random-weight drafter is rejected at once: 8 -> 4 -> 2 and it stays there unless a
-    # draft is accepted whole.
+    # A random-weight drafter is rejected at once: 8, 8 -> 4 -> 2 and it stays there unless
+    # a draft is accepted whole.
     assert blocks[0][0] == top and blocks[0][1] < top - 1
     expected = DraftLengthSchedule(top)
     left = 48 - 1  # the prefill emitted the first token
