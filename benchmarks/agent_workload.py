@@ -813,6 +813,9 @@ def report(
         "model": engine.model_id,
         "draft": engine.draft_id,
         "block_size": engine.default_block_size,
+        # Always-spec runs the engine's default draft length (adaptive: the block shrinks
+        # after rejected drafts); the adaptive policy decides its blocks itself.
+        "spec_draft_length": engine.options.draft_length,
         "machine": {
             "platform": platform.platform(),
             "python": sys.version.split()[0],
@@ -886,7 +889,8 @@ def plot(rep: Mapping[str, Any], path: Path) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(
         f"Agent workload: {Path(str(rep['model'])).name} + {Path(str(rep['draft'])).name}, "
-        f"block {rep['block_size']}, {rep['rounds']} rounds"
+        f"block {rep['block_size']} (spec: {rep.get('spec_draft_length', 'fixed')} draft "
+        f"length), {rep['rounds']} rounds"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
