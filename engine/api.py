@@ -104,8 +104,8 @@ class GenerationRequest:
     prompt_tokens: tuple[int, ...]
     max_tokens: int
     mode: Mode = "spec"
-    # The largest block; `draft_length` says whether cycles may draft less (None: the
-    # engine's default). Both only apply where no policy decides the block.
+    # The largest block (a policy's decisions replace it); `draft_length` says whether cycles
+    # may draft less (None: the engine's default), under a policy too.
     block_size: int | None = None
     draft_length: DraftLength | None = None
     stop_token_ids: frozenset[int] = frozenset()

@@ -1,4 +1,5 @@
-"""How many tokens the next speculative cycle drafts when no policy decides it.
+"""How many tokens the next speculative cycle drafts, at most the block (the policy's decision,
+else the request's or the engine's).
 
 A cycle's cost grows with its block (tiny hybrid pair on the 2-core CPU: block 16 ~11 ms,
 block 2 ~7 ms, an AR step ~4 ms), but a cycle whose draft is rejected at its first token
@@ -30,14 +31,28 @@ REJECTIONS_TO_SHRINK = 2
 
 
 class DraftLengthSchedule:
-    """Block size of the next cycle: `max_block` to start, halved at each drafted cycle that
-    accepted nothing once `REJECTIONS_TO_SHRINK` did in a row, doubled after one that accepted
-    every drafted token."""
+    """Block size of the next cycle under a ceiling (the block the caller decided): the
+    ceiling to start, halved at each drafted cycle that accepted nothing once
+    `REJECTIONS_TO_SHRINK` did in a row, doubled (up to the ceiling) after one that accepted
+    every drafted token. A new ceiling (a policy's new decision) starts afresh."""
 
-    def __init__(self, max_block: int, min_block: int = MIN_BLOCK):
-        self.max_block = max_block
-        self.min_block = min(min_block, max_block)
-        self.block = max_block
+    def __init__(self, ceiling: int, min_block: int = MIN_BLOCK):
+        self.min_block = min_block
+        self.ceiling = ceiling
+        self.block = ceiling
+        self.rejected_in_a_row = 0
+
+    def next_block(self, ceiling: int) -> int:
+        """The block for the next cycle when the caller's block is `ceiling`."""
+        if ceiling != self.ceiling:
+            self.ceiling = ceiling
+            self.restart()
+        return self.block
+
+    def restart(self) -> None:
+        """Back to the ceiling (a new span, or spec again after AR steps: what the drafter
+        missed before says little about what comes next)."""
+        self.block = self.ceiling
         self.rejected_in_a_row = 0
 
     def observe(self, record: CycleRecord) -> None:
@@ -47,6 +62,6 @@ class DraftLengthSchedule:
             return
         self.rejected_in_a_row = self.rejected_in_a_row + 1 if record.accepted == 0 else 0
         if record.accepted >= record.drafted:
-            self.block = min(self.max_block, self.block * 2)
+            self.block = min(self.ceiling, self.block * 2)
         elif self.rejected_in_a_row >= REJECTIONS_TO_SHRINK:
-            self.block = max(self.min_block, self.block // 2)
+            self.block = max(min(self.min_block, self.ceiling), self.block // 2)

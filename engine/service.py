@@ -245,11 +245,11 @@ class DFlashEngine:
         max_tokens = min(request.max_tokens, self.context_length - len(prompt))
         mode: Mode = request.mode if self.drafter is not None else "ar"
         block_size = request.block_size or self.default_block_size
-        # Without a policy the block follows the drafter's reach (see draft_length.py).
+        # The block (the policy's, else the request's or engine's) is the largest a cycle
+        # drafts; the adaptive draft length shortens it after rejected drafts.
         schedule = (
             DraftLengthSchedule(block_size)
-            if controller is None
-            and (request.draft_length or self.options.draft_length) == "adaptive"
+            if (request.draft_length or self.options.draft_length) == "adaptive"
             else None
         )
         session = GenerationSession(
@@ -308,9 +308,10 @@ class DFlashEngine:
                     reason = "cancelled"
                     break
                 mode = request.mode_plan.get(len(cycles), mode) if self.drafter else "ar"
-                if schedule is not None:
-                    block_size = schedule.block
-                block = min(block_size, matcher.remaining)
+                if schedule is not None and mode == "spec" and cycles and cycles[-1].mode == "ar":
+                    schedule.restart()  # back from AR: the policy chose spec afresh
+                block = block_size if schedule is None else schedule.next_block(block_size)
+                block = min(block, matcher.remaining)
                 step = session.step(mode, block, matcher.check)
                 cycles.append(step.record)
                 if schedule is not None:

@@ -105,7 +105,7 @@ class DecisionSettings(_Strict):
     recheck_max: int = Field(default=32, ge=1)
     min_dwell: int = Field(default=4, ge=0)
     max_recorded: int = Field(default=64, ge=0)
-    request_evidence_cycles: int = Field(default=3, ge=0)
+    request_evidence_cycles: int = Field(default=0, ge=0)
 
 
 class PolicyFile(_Strict):

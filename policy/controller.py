@@ -11,8 +11,11 @@ the span tracker over the committed text, and decides the next mode and block si
   confidence `min_confidence`, and (inside a span) `min_dwell` steps in the current arm;
 - where an estimate is uncertain, a short probe of the other arm (see `explore.py`).
 - the request's own acceptance (`request_evidence.py`): where the class says AR, an opening
-  probe of one spec cycle keeps spec for a request that beats AR; and once a span has a few
-  drafted cycles of its own, its tokens per cycle decide spec vs AR at rechecks.
+  probe of one spec cycle keeps spec for a request that beats AR; and, when
+  `request_evidence_cycles` is set (off by default), once a span has that many drafted cycles
+  of its own, its tokens per cycle decide spec vs AR at rechecks.
+The block decided here is the largest a cycle drafts: the engine's adaptive draft length
+(`engine/draft_length.py`) shortens it after rejected drafts inside a spec stretch.
 Every decision is logged, counted (`AdaptivePolicy.counters()`) and listed (`decisions`).
 """
 

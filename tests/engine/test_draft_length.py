@@ -47,9 +47,15 @@ def test_halves_on_rejected_drafts_and_doubles_on_a_full_one() -> None:
     assert s.block == 4
     s.observe(record(4, 1))  # partial: stays
     assert s.block == 4
-    for want in (8, 16, 16):  # cap: the largest block
+    for want in (8, 16, 16):  # cap: the ceiling
         s.observe(record(s.block, s.block - 1))
         assert s.block == want
+    s.observe(record(16, 0))
+    s.observe(record(16, 0))
+    assert s.next_block(16) == 8
+    assert s.next_block(4) == 4  # a new ceiling (a policy's new block) starts afresh
+    s.observe(record(4, 3))
+    assert s.block == 4
 
 
 def test_ignores_what_says_nothing_of_the_drafter() -> None:
@@ -58,7 +64,10 @@ def test_ignores_what_says_nothing_of_the_drafter() -> None:
     s.observe(record(6, 0, forced=5, drafted=5))  # a grammar-forced run
     s.observe(record(3, 0, draft_cut=True))  # a draft the constraint ended
     assert s.block == 16
-    assert DraftLengthSchedule(4, min_block=8).min_block == 4
+    tiny = DraftLengthSchedule(4, min_block=8)
+    tiny.observe(record(4, 0))
+    tiny.observe(record(4, 0))
+    assert tiny.block == 4  # never above the ceiling, even when the floor is
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +99,7 @@ def test_engine_shortens_drafts_after_rejections_losslessly(dirs: tuple[str, str
     expected = DraftLengthSchedule(top)
     left = 48 - 1  # the prefill emitted the first token
     for block, accepted in blocks:
-        assert block == min(expected.block, left)
+        assert block == min(expected.next_block(top), left)
         expected.observe(record(block, accepted))
         left -= accepted + 1
     assert min(b for b, _ in blocks) < top
@@ -98,7 +107,32 @@ def test_engine_shortens_drafts_after_rejections_losslessly(dirs: tuple[str, str
     assert {b for b, _ in spec_blocks(pinned.stats)[:20]} == {top}
 
 
-def test_engine_default_and_policy_decide_over_the_schedule(dirs: tuple[str, str]) -> None:
+class AlwaysSpec:
+    """A policy that always decides spec at one block."""
+
+    def __init__(self, block: int) -> None:
+        self.block = block
+        self.blocks: list[int] = []
+
+    def observe_prefix(self, text: str) -> None:
+        pass
+
+    def start(self, prompt_tokens: int, default_block_size: int) -> Any:
+        from toolflash.engine.api import ModeDecision
+
+        return ModeDecision("spec", self.block, "start")
+
+    def after_step(self, record: Any, token_ids: Any, text: str) -> Any:
+        from toolflash.engine.api import ModeDecision
+
+        self.blocks.append(record.block_size)
+        return ModeDecision("spec", self.block, "same")
+
+    def finish(self, stats: Any) -> None:
+        pass
+
+
+def test_engine_default_request_override_and_policy_ceiling(dirs: tuple[str, str]) -> None:
     engine = build_engine(*dirs, draft_length="fixed")
     prompt = tuple(engine.encode("import os"))
     top = engine.default_block_size
@@ -109,9 +143,36 @@ def test_engine_default_and_policy_decide_over_the_schedule(dirs: tuple[str, str
         engine, GenerationRequest(prompt, 40, mode="spec", draft_length="adaptive")
     )
     assert min(b for b, _ in spec_blocks(adaptive.stats)) < top
-    # A policy's decisions stand: the scripted controller asks for block 4 every spec cycle.
+    # Under a policy its block is the ceiling and the schedule shortens drafts below it.
     engine = build_engine(*dirs)
+    ref, _, _ = collect(engine, GenerationRequest(prompt, 40, mode="ar"))
+    policy = AlwaysSpec(4)
+    tokens = [
+        t
+        for event in engine.generate(GenerationRequest(prompt, 40, mode="spec"), None, policy)
+        for t in getattr(event, "token_ids", ())
+    ]
+    assert tokens == ref
+    assert policy.blocks[:4] == [4, 4, 2, 2] and max(policy.blocks) == 4
+    # A policy alternating spec and AR: each spec cycle follows an AR step, so it starts
+    # afresh at the policy's block.
     controller = ScriptedController()
     for _ in engine.generate(GenerationRequest(prompt, 40, mode="spec"), None, controller):
         pass
     assert {bs for m, bs, _ in controller.steps[:20] if m == "spec"} == {4}
+
+
+def test_back_from_ar_the_block_starts_afresh(dirs: tuple[str, str]) -> None:
+    engine = build_engine(*dirs)
+    top = engine.default_block_size
+    prompt = tuple(engine.encode("def add(a, b):"))
+    ref, _, _ = collect(engine, GenerationRequest(prompt, 40, mode="ar"))
+    plan = {5: "ar", 6: "spec"}
+    tokens, _, finish = collect(
+        engine,
+        GenerationRequest(prompt, 40, mode="spec", mode_plan=plan),  # type: ignore[arg-type]
+    )
+    assert tokens == ref
+    cycles = finish.stats.cycles
+    assert cycles[4].block_size < top and cycles[5].mode == "ar"
+    assert cycles[6].mode == "spec" and cycles[6].block_size == top

@@ -4,6 +4,7 @@ probe's backoff, and the controller using them (opening probes, request rechecks
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from toolflash.engine.api import CycleRecord
 from toolflash.policy.request_class import RequestClass
@@ -15,7 +16,14 @@ from toolflash.policy.request_evidence import (
 )
 
 from .fakes import ar_record, spec_record
-from .test_controller import policy
+from .test_controller import policy as _policy
+
+
+def policy(tmp_path: Path, extra: str = "") -> Any:
+    """The test policy with the request's own evidence on (off by default: the engine's
+    adaptive draft length handles drafts that miss)."""
+    return _policy(tmp_path, extra + "decisions: {request_evidence_cycles: 3}\n")
+
 
 TOOL_RESULT = RequestClass(kind="tools", thinking="off", after_tool_result=True, length_band="lt1k")
 CHAT = RequestClass(kind="chat", thinking="off", after_tool_result=False, length_band="lt1k")

@@ -26,8 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("adaptive", "fixed"),
         default="adaptive",
         help="adaptive (default): a cycle drafts less after rejected drafts and back up to the "
-        "block after accepted ones; fixed: every cycle drafts the whole block (where no "
-        "policy decides)",
+        "block after accepted ones; fixed: every cycle drafts the whole block (a policy's "
+        "block is the ceiling either way)",
     )
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument(
