@@ -18,9 +18,7 @@ block only decides how much is verified.
 
 from __future__ import annotations
 
-from .api import CycleRecord, DraftLength
-
-__all__ = ["DraftLength", "DraftLengthSchedule", "MIN_BLOCK"]
+from .api import CycleRecord
 
 # The smallest block that still drafts (a block of 1 is an AR step).
 MIN_BLOCK = 2
@@ -56,9 +54,13 @@ class DraftLengthSchedule:
         self.rejected_in_a_row = 0
 
     def observe(self, record: CycleRecord) -> None:
-        """Update from a finished cycle. Only the drafter's own proposals count: AR steps,
+        """Update from a finished cycle. An AR step restarts (the next spec cycle is a fresh
+        choice of the caller's). Otherwise only the drafter's own proposals count:
         grammar-forced runs and drafts a constraint cut short say nothing of its reach."""
-        if record.mode != "spec" or record.forced or record.draft_cut or record.drafted == 0:
+        if record.mode == "ar":
+            self.restart()
+            return
+        if record.forced or record.draft_cut or record.drafted == 0:
             return
         self.rejected_in_a_row = self.rejected_in_a_row + 1 if record.accepted == 0 else 0
         if record.accepted >= record.drafted:

@@ -18,6 +18,7 @@ from toolflash.cache.prefix_cache import PrefixCache
 from .api import (
     ContextLengthError,
     CycleRecord,
+    DraftLength,
     EngineEvent,
     FinishEvent,
     GenerationRequest,
@@ -30,7 +31,7 @@ from .api import (
 )
 from .choosers import build_chooser
 from .draft_context import DraftWindow
-from .draft_length import DraftLength, DraftLengthSchedule
+from .draft_length import DraftLengthSchedule
 from .drafter import DFlashDrafter
 from .sampling.logprobs import RawLogprob
 from .session import GenerationSession
@@ -308,8 +309,6 @@ class DFlashEngine:
                     reason = "cancelled"
                     break
                 mode = request.mode_plan.get(len(cycles), mode) if self.drafter else "ar"
-                if schedule is not None and mode == "spec" and cycles and cycles[-1].mode == "ar":
-                    schedule.restart()  # back from AR: the policy chose spec afresh
                 block = block_size if schedule is None else schedule.next_block(block_size)
                 block = min(block, matcher.remaining)
                 step = session.step(mode, block, matcher.check)

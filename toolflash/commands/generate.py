@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Mapping
 
+from toolflash.commands.options import add_draft_length
 from toolflash.engine.api import FinishEvent, GenerationRequest, SamplingParams
 
 
@@ -21,14 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-think", action="store_true", help="enable_thinking=False")
     p.add_argument("--mode", choices=["spec", "ar"], default="spec")
     p.add_argument("--block-size", type=int, default=None)
-    p.add_argument(
-        "--draft-length",
-        choices=("adaptive", "fixed"),
-        default="adaptive",
-        help="adaptive (default): a cycle drafts less after rejected drafts and back up to the "
-        "block after accepted ones; fixed: every cycle drafts the whole block (a policy's "
-        "block is the ceiling either way)",
-    )
+    add_draft_length(p)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument(
         "--temperature",

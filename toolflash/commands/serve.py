@@ -12,6 +12,8 @@ import os
 import sys
 from typing import Any
 
+from toolflash.commands.options import add_draft_length
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -32,14 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--mode", choices=("spec", "ar"), default="spec", help="decoding mode to start in"
     )
     p.add_argument("--block-size", type=int, default=None, help="speculative block size")
-    p.add_argument(
-        "--draft-length",
-        choices=("adaptive", "fixed"),
-        default="adaptive",
-        help="adaptive (default): a cycle drafts less after rejected drafts and back up to the "
-        "block after accepted ones; fixed: every cycle drafts the whole block (a policy's "
-        "block is the ceiling either way)",
-    )
+    add_draft_length(p)
     p.add_argument(
         "--max-queue",
         type=int,
