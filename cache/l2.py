@@ -141,18 +141,34 @@ class DiskCache:
         return len(self._index)
 
     def _rescan(self) -> None:
-        """Rebuild the index from the directory when it changed (another process wrote)."""
+        """Bring the index up to the directory when it changed (a write, a removal, another
+        process). Entries already indexed are not reparsed (a snapshot's files never change
+        under its id), only their last use is refreshed from the metadata file's mtime (the
+        LRU that processes share); new metadata files are read. Every lookup calls this, and
+        each request's own snapshot writes change the directory."""
         try:
             mtime = self.dir.stat().st_mtime
         except OSError:
             return
         if mtime == self._scanned_mtime:
             return
+        present = {path.stem: path for path in self.dir.glob("*.json")}
+        with self._lock:
+            known = dict(self._index)
         index: dict[str, _Entry] = {}
-        for meta_path in self.dir.glob("*.json"):
-            entry = self._read_entry(meta_path)
+        for ident, meta_path in present.items():
+            entry = known.get(ident)
+            if entry is None:
+                entry = self._read_entry(meta_path)
+            else:
+                try:
+                    entry.last_used = meta_path.stat().st_mtime
+                except FileNotFoundError:
+                    entry = None  # a concurrent remove
+                except OSError:
+                    pass  # keep the last use it had
             if entry is not None:
-                index[entry.ident] = entry
+                index[ident] = entry
         with self._lock:
             self._index = index
             self._scanned_mtime = mtime
