@@ -639,6 +639,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     engine = build_engine(args.model, args.draft, block_size=args.block_size)
     workload = build_workload(engine)
+    if args.classes:
+        workload = [w for w in workload if class_name(w.request_class) in args.classes]
+        if not workload:
+            raise SystemExit(f"no request of classes {args.classes} in the workload")
     state = Path(args.state_file) if args.state_file else Path(tempfile.mkdtemp()) / "state.json"
     policy = AdaptivePolicy(PolicyConfig(args.policy or []), state_file=str(state))
     # Warm up both paths (first calls compile and allocate); not measured.
@@ -823,6 +827,7 @@ def report(
             "device": str(mx.default_device()),
         },
         "rounds": args.rounds,
+        "classes": args.classes or "all",
         "max_tokens": args.max_tokens,
         "requests": len({(r["round"], r["session"], r["turn"]) for r in rows}),
         "wall_s": wall,
@@ -913,6 +918,12 @@ def main(argv: list[str] | None = None) -> int:
         dest="control",
         action="store_false",
         help="skip the second AR run per request that measures the noise floor",
+    )
+    p.add_argument(
+        "--classes",
+        nargs="*",
+        help="run only these classes (e.g. tools.think-off.tool-result): for quick looks; "
+        "the published results run all",
     )
     p.add_argument("--policy", nargs="*", help="extra policy YAML files")
     p.add_argument("--state-file", default=None, help="policy state (default: fresh, cold start)")

@@ -242,6 +242,12 @@ class PolicyController:
         self._own_ar_at: dict[str, int] = {}
         self._own_ar_wait: dict[str, int] = {}
         self._retry: str | None = None
+        # The span whose spec cycles run because this request's own acceptance won (an
+        # opening or a retry): they do not feed the class's spec estimate, which would
+        # otherwise learn from the requests that won alone and send the others to spec.
+        self._selected: str | None = None
+        # Spans where this request's own cycles said AR (`_own_ar`, or a lost opening).
+        self._read_ar: set[str] = set()
         self.reason = ""
         self._t_last = 0.0
         self._steps: dict[tuple[str, str], int] = {}
@@ -267,10 +273,7 @@ class PolicyController:
         self._t_last = time.perf_counter()
         opening = self._opening_arm(rule, span, arm)
         if opening is not None:
-            self._opening = span
-            self.openings += 1
-            reason = f"{reason}; opening probe: one {arm_name(opening)} cycle reads this request"
-            return self._set(opening, "opening", reason, span)
+            return self._open(opening, reason, span)
         return self._set(arm, kind, reason, span)
 
     def after_step(self, record: CycleRecord, token_ids: Sequence[int], text: str) -> ModeDecision:
@@ -307,10 +310,18 @@ class PolicyController:
                 return self._end_retry(span)
         if new_span != span:
             self._reset_rechecks()
+            self._selected = None
             rule = self.policy.rule(self.label, new_span)
             arm, reason, kind = self._choose(rule, new_span, self.arm, fresh_block=True)
             if self._overruled(arm, new_span):
                 arm, reason = AR, f"{new_span}: this request's own acceptance chose ar here"
+            # Each span of the request opens as the request does: where the class says AR,
+            # one spec cycle reads this request's own acceptance in the span (a tool call
+            # that copies names and paths from its context accepts whole blocks where the
+            # class's other tool calls accept little).
+            opening = self._opening_arm(rule, new_span, arm)
+            if opening is not None and new_span not in self._own_ar:
+                return self._open(opening, reason, new_span)
             return self._set(arm, kind, reason, new_span)
         if self.probe is None:
             rule = self.policy.rule(self.label, span)
@@ -327,22 +338,31 @@ class PolicyController:
                     return self._set(("spec", block), "retry", why, span)
             due = self.steps >= self._next_check or self.dwell == self.min_dwell
             if due and self.dwell >= self.min_dwell:
-                own = self._request_verdict(rule, span, self.evidence.tau(span))
+                # A span that runs spec on this request's own acceptance stays on it: the
+                # class (which chose AR here) does not rule it, its recent cycles do.
+                selected = span == self._selected
+                own = self._request_verdict(
+                    rule, span, self.evidence.tau(span, min_cycles=1 if selected else None)
+                )
                 if own is not None:
                     verdict, why = own
                     if verdict == "ar":
+                        self._selected = None
+                        self._read_ar.add(span)
                         self._own_ar.add(span)
                         self._own_ar_at[span] = self.steps
                         self._own_ar_wait.setdefault(span, _RETRY_FIRST)
                         return self._set(AR, "request", why, span)
-                    if verdict == "spec":  # this request beats AR: the class mean does not rule
+                    if verdict == "spec" or selected:  # the class mean does not rule
                         self._recheck_done()
                         return self._decision()
             if due and self.dwell >= self.min_dwell:
                 arm, reason, kind = self._choose(rule, span, self.arm)
                 if arm != self.arm and not self._overruled(arm, span):
                     return self._set(arm, "recheck", reason, span)
-            if due and self.budget > 0 and rule.mode != "ar":
+            # Where this request's own acceptance chose AR (a lost opening, a request
+            # verdict), spec probes would only read again what it already said.
+            if due and self.budget > 0 and rule.mode != "ar" and span not in self._read_ar:
                 self._maybe_probe(rule, span)
             if due and self.probe is None:
                 self._recheck_done()
@@ -387,6 +407,8 @@ class PolicyController:
         mode = record.mode
         # A cycle cut short by max_tokens ran a smaller block than decided: not comparable.
         full = mode == "ar" or record.block_size == self.arm[1]
+        if mode == "spec" and span == self._selected:
+            seconds = 0.0  # selected by this request's acceptance: not the class's measure
         if seconds > 0 and record.forced > 0:
             # A grammar-forced run: no drafter, one forward of the fixed stretch (a spec cycle
             # shorter than the block, or an AR step that committed the run and one more token).
@@ -405,15 +427,23 @@ class PolicyController:
         elif (
             seconds > 0
             and mode == "spec"
-            and record.draft_cut
             and record.drafted > 0
             and self.arm[0] == "spec"
             and record.block_size <= self.arm[1]
+            and (
+                record.draft_cut
+                or (record.block_size < self.arm[1] and record.accepted < record.drafted)
+            )
         ):
-            # The grammar ended the draft early (nothing further allowed): the arm's block
-            # would have committed exactly this, so it counts for tau at that block (dropping
-            # it biased constrained spans' tau down, most at the largest block). Its time is
-            # that of a shorter block, so it stays out of the block's cycle time.
+            # A cycle shorter than the arm's block that says what the block would have
+            # committed: the grammar ended the draft (nothing further allowed), or the draft
+            # missed inside a block that the engine's adaptive draft length shrank after
+            # rejected drafts (or that max_tokens cut). A shorter draft accepted whole says
+            # only "at least this much": left out. Leaving the shrunk cycles out altogether
+            # kept the first two cycles of a stretch where drafts miss and every cycle where
+            # they land, so a span where most of the class's drafts missed still read as
+            # paying; dropping grammar-cut drafts biased constrained spans' tau down. The
+            # time is a shorter block's, not a measure of the arm's block.
             rule = self.policy.rule(self.label, span)
             self.est.observe_spec(
                 self.model_id,
@@ -689,6 +719,13 @@ class PolicyController:
             return None
         return largest
 
+    def _open(self, arm: Arm, reason: str, span: str) -> ModeDecision:
+        """Start an opening probe of `span`: one `arm` cycle, judged at the next step."""
+        self._opening = span
+        self.openings += 1
+        reason = f"{reason}; opening probe: one {arm_name(arm)} cycle reads this request"
+        return self._set(arm, "opening", reason, span)
+
     def _overruled(self, arm: Arm, span: str) -> bool:
         """Whether the class's choice of `arm` yields to this request's own evidence: a spec
         arm in a span where the request's acceptance already chose AR (`_own_ar` only holds
@@ -722,6 +759,7 @@ class PolicyController:
         if own is not None and own[0] == "spec":
             self._own_ar.discard(span)
             self._own_ar_wait[span] = _RETRY_FIRST
+            self._selected = span
             return self._set(self.arm, "retry-won", own[1], span)
         self._own_ar_at[span] = self.steps
         self._own_ar_wait[span] = min(2 * self._own_ar_wait[span], _RETRY_MAX)
@@ -750,8 +788,11 @@ class PolicyController:
         )
         if won:
             self.state.opening.won(scope)
+            self._selected = span
+            self._read_ar.discard(span)
             return self._set(self.arm, "opening-won", why, span)
         wait = self.state.opening.lost(scope)
+        self._read_ar.add(span)
         return self._set(AR, "opening-lost", f"{why}; next opening in {wait} requests", span)
 
     def _set(self, arm: Arm, kind: str, reason: str, span: str) -> ModeDecision:

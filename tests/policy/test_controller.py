@@ -289,3 +289,21 @@ def test_span_entry_picks_the_spans_block_without_waiting_for_confidence(
     # Spec vs AR keeps its hysteresis: AR faster with confidence still wins at span entry.
     table[("ar", 1)] = Throughput(5000.0, 10.0, 20.0)
     assert ctrl._choose(rule, "tool_call", ("spec", 8), fresh_block=True)[0] == ("ar", 1)
+
+
+def test_cycles_the_draft_length_shrank_count_for_the_arms_tau(tmp_path: Path) -> None:
+    """Under the engine's adaptive draft length a spec16 arm runs blocks of 8, 4, 2 after
+    rejected drafts. Those cycles still say what block 16 would have committed where the draft
+    missed: counted, a span whose drafts miss reads as losing, not as its two full-size
+    cycles."""
+    pol = policy(tmp_path, "exploration: {budget_per_request: 0}\n")
+    ctrl = pol.controller_for("m", TOOLS, False)
+    assert ctrl.start(300, 16).block_size == 16
+    blocks = [16, 16, 8, 4, 2, 2, 2, 2, 2, 2]
+    for i, b in enumerate(blocks):
+        ctrl.after_step(spec_record(i, b, 0, 0.004 + 0.0005 * b), [0], "w")
+    est = pol.model("m").estimates
+    tau = est.tau[("m", TOOLS.label, "text", 16)]
+    assert tau.count == len(blocks) and tau.mean == 1.0
+    # Time stays the block's own: only the two full-size cycles measured block 16's.
+    assert est.cycle_seconds("m", 16, 300) == 0.012

@@ -132,7 +132,8 @@ def test_a_draft_the_grammar_cut_counts_for_tau_at_the_arms_block(tmp_path: Path
     assert est.measured_tau("m", FORCED_CLASS.label, span, 16) == pytest.approx(9.0)
     assert est.measured_tau("m", FORCED_CLASS.label, span, 4) == pytest.approx(4.0)
     assert not est.cycle_s  # a shorter block's time is no measure of block 16
-    # A block cut by max_tokens (no draft_cut) is still left out entirely.
+    # A block cut by max_tokens (no draft_cut) and accepted whole says only "at least 3":
+    # left out (one whose draft missed inside it counts, see test_controller).
     ctrl.after_step(CycleRecord(1, "spec", 3, 2, 2, 3, 0.001, 0.002, 0.0, 309), [0] * 3, "")
     assert est.tau[("m", FORCED_CLASS.label, span, 16)].count == 1
 

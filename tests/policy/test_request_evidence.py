@@ -241,3 +241,49 @@ def test_start_prefers_the_largest_block_among_near_equal_ones(tmp_path: Path) -
     est.observe_ar("m", 0.004, ctx)
     decision = pol.controller_for("m", CHAT, False).start(ctx, 8)
     assert (decision.mode, decision.block_size) == ("spec", 8)
+
+
+def test_each_span_opens_with_a_probe_where_the_class_says_ar(tmp_path: Path) -> None:
+    """Entering a tool call, where the class's tool calls lose to AR, one spec cycle reads this
+    request's own: a call that copies from its context stays speculative, one that does not
+    goes to AR after that one cycle."""
+    from .test_controller import SCRIPT, TOOLS, WORLD
+    from .world import World, drive
+
+    pol = _policy(tmp_path)
+    for seed in range(1):  # learns: spec in text, AR in tool calls (as in test_controller)
+        drive(pol.controller_for("m", TOOLS, False), World(**WORLD, seed=seed), SCRIPT)  # type: ignore[arg-type]
+    # This request's tool calls accept whole blocks.
+    copying = World(**{**WORLD, "accepted": {**WORLD["accepted"], "tool_call": 7}})  # type: ignore[arg-type]
+    ctrl = pol.controller_for("m", TOOLS, False)
+    trace = drive(ctrl, copying, SCRIPT)
+    calls = [(d["mode"], d["kind"]) for d in ctrl.decisions if d["span"] == "tool_call"]
+    assert calls[:2] == [("spec", "opening"), ("spec", "opening-won")]
+    in_calls = [m for s, m, _ in trace.steps if s == "tool_call"]
+    assert in_calls.count("spec") > 0.9 * len(in_calls)
+    # The class's estimate learned nothing from that request's calls past their opening
+    # cycles (they ran spec because of its own acceptance): a request whose calls accept
+    # nothing still runs them in AR.
+    assert pol.model("m").estimates.spec("m", TOOLS.label, "tool_call", 8, 300)[0].tps < 250
+    ctrl = pol.controller_for("m", TOOLS, False)
+    trace = drive(ctrl, World(**WORLD), SCRIPT)  # type: ignore[arg-type]
+    in_calls = [m for s, m, _ in trace.steps if s == "tool_call"]
+    assert in_calls.count("ar") > 0.8 * len(in_calls)
+
+
+def test_no_spec_probes_in_a_span_whose_opening_lost(tmp_path: Path) -> None:
+    """The opening read this request's acceptance in the span: probing spec there again (here
+    block 4, which has few samples) would only pay to read it once more."""
+    pol = _policy(tmp_path)
+    est = pol.model("m").estimates
+    for _ in range(20):
+        est.observe_ar("m", 0.004, 300)
+    for accepted in (0, 1, 0):  # the class: spec8 ~150 tok/s vs AR 250, block 4 unmeasured
+        est.observe_spec("m", TOOL_RESULT.label, "text", 8, accepted, 0.010, 300, (8, 4))
+    ctrl = pol.controller_for("m", TOOL_RESULT, False)
+    decision = ctrl.start(300, 8)
+    for i in range(120):
+        rec = spec_record(i, 8, 0, 0.010) if decision.mode == "spec" else ar_record(i, 0.004)
+        decision = ctrl.after_step(rec, [0] * rec.committed, "w ")
+    assert [d["kind"] for d in ctrl.decisions] == ["opening", "opening-lost"]
+    assert ctrl.probes == 0
