@@ -11,7 +11,8 @@ the span tracker over the committed text, and decides the next mode and block si
   confidence `min_confidence`, and (inside a span) `min_dwell` steps in the current arm;
 - where an estimate is uncertain, a short probe of the other arm (see `explore.py`).
 - the request's own acceptance (`request_evidence.py`): where the class says AR, an opening
-  probe of one spec cycle keeps spec for a request that beats AR; and, when
+  probe of one spec cycle (at the request's start and at each span it enters) keeps spec for
+  a request that beats AR; and, when
   `request_evidence_cycles` is set (off by default), once a span has that many drafted cycles
   of its own, its tokens per cycle decide spec vs AR at rechecks.
 The block decided here is the largest a cycle drafts: the engine's adaptive draft length
@@ -34,7 +35,7 @@ from toolflash.engine.api import CycleRecord, GenerationStats, ModeDecision
 from toolflash.policy.request_class import RequestClass
 
 from .config import EffectivePolicy, PolicyConfig, SpanRule
-from .estimates import UNKNOWN, Clock, Estimates, Throughput
+from .estimates import UNKNOWN, Clock, Estimates, Surplus, Throughput
 from .explore import Arm, Backoff, Probe, arm_name, p_better, probe_reason
 from .request_evidence import OpeningBackoff, RequestEvidence, local_verdict
 from .spans import SpanTracker
@@ -255,7 +256,7 @@ class PolicyController:
         self._made: ModeDecision | None = None
         self._tokens: dict[tuple[str, str], int] = {}
         # Throughputs computed at this step (a recheck asks for the same arms several times).
-        self._tp: dict[tuple[Arm, str], Throughput] = {}
+        self._tp: dict[tuple[Arm, str], tuple[Throughput, float]] = {}
         self._tp_step = -1
 
     # -- ModeController -----------------------------------------------------------------------
@@ -370,6 +371,7 @@ class PolicyController:
 
     def finish(self, stats: GenerationStats) -> None:
         self._flush_ticks()
+        self.est.flush_pooled()
         for (span, mode), n in self._steps.items():
             labels = {"model": self.model_id, "class": self.label, "span": span, "mode": mode}
             self.owner.count("steps", n, **labels)
@@ -499,18 +501,23 @@ class PolicyController:
         self._next_check = self.steps + self.recheck_every
 
     def _throughput(self, arm: Arm, span: str) -> Throughput:
+        return self._estimate(arm, span)[0]
+
+    def _estimate(self, arm: Arm, span: str) -> tuple[Throughput, float]:
+        """(throughput, tau) of an arm here, computed once per step (a decision asks for the
+        same arms several times: to choose, to explain, to record the surplus)."""
         if self._tp_step != self.steps:
             self._tp.clear()
             self._tp_step = self.steps
         key = (arm, span)
-        tp = self._tp.get(key)
-        if tp is None:
+        found = self._tp.get(key)
+        if found is None:
             if arm[0] == "ar":
-                tp = self.est.ar(self.model_id, self.context, self.label, span)
+                found = (self.est.ar(self.model_id, self.context, self.label, span), 0.0)
             else:
-                tp, _ = self.est.spec(self.model_id, self.label, span, arm[1], self.context)
-            self._tp[key] = tp
-        return tp
+                found = self.est.spec(self.model_id, self.label, span, arm[1], self.context)
+            self._tp[key] = found
+        return found
 
     def _choose(
         self, rule: SpanRule, span: str, current: Arm | None, fresh_block: bool = False
@@ -793,7 +800,7 @@ class PolicyController:
             return self._set(self.arm, "opening-won", why, span)
         wait = self.state.opening.lost(scope)
         self._read_ar.add(span)
-        return self._set(AR, "opening-lost", f"{why}; next opening in {wait} requests", span)
+        return self._set(AR, "opening-lost", f"{why}; the next {wait} openings skipped", span)
 
     def _set(self, arm: Arm, kind: str, reason: str, span: str) -> ModeDecision:
         changed = arm != self.arm
@@ -802,13 +809,9 @@ class PolicyController:
         if changed or kind in _RECORDED_KINDS:
             self.dwell = 0
             self._reset_rechecks()
-            surplus = self.est.surplus(
-                self.model_id,
-                self.label,
-                span,
-                arm[1] if arm[0] == "spec" else self._best_block(span),
-                self.context,
-            )
+            block = arm[1] if arm[0] == "spec" else self._best_block(span)
+            spec, tau = self._estimate(("spec", block), span)
+            surplus = Surplus(spec, self._throughput(AR, span), tau, block)
             entry: dict[str, Any] = {
                 "step": self.steps,
                 "tokens": self.tokens,

@@ -222,6 +222,10 @@ class Estimates:
         self.ar_forced_tokens: dict[ScopeKey, Stat] = {}
         # Block sizes with a tau entry, per scope (for the monotone floor, `_tau_mean`).
         self._tau_blocks: dict[ScopeKey, set[int]] = {}
+        # Tau observations for the pooled priors (every class of a span; every span), applied
+        # when a prior is read or the tables are saved: the priors serve classes and spans
+        # without their own measurements, so the per-cycle path need not update them.
+        self._pooled: list[tuple[str, str, int, float, float]] = []
 
     def bucket(self, context_len: int) -> int:
         return context_bucket(context_len, self.smallest_bucket)
@@ -247,12 +251,22 @@ class Estimates:
         if seconds is not None:
             key = (model, block_size, self.bucket(context_len))
             self._add(self.cycle_s, key, seconds, now, True)
+        scope = (model, label, span)
+        blocks = self._tau_blocks.setdefault(scope, set())
         for b in {block_size, *block_sizes}:
             if 1 < b <= block_size:
                 x = min(accepted, b - 1) + 1.0
-                for scope in ((model, label, span), (model, POOL, span), (model, POOL, POOL)):
-                    self._add(self.tau, (*scope, b), x, now)
-                    self._tau_blocks.setdefault(scope, set()).add(b)
+                self._add(self.tau, (*scope, b), x, now)
+                blocks.add(b)
+                self._pooled.append((model, span, b, x, now))
+
+    def flush_pooled(self) -> None:
+        """Apply the pending observations to the pooled priors (in their order, at their time)."""
+        pending, self._pooled = self._pooled, []
+        for model, span, b, x, now in pending:
+            for scope in ((model, POOL, span), (model, POOL, POOL)):
+                self._add(self.tau, (*scope, b), x, now)
+                self._tau_blocks.setdefault(scope, set()).add(b)
 
     def observe_forced(
         self,
@@ -340,6 +354,8 @@ class Estimates:
         own = tau.effective(now, self.half_life_s) if tau is not None else 0.0
         n_tau = own
         if tau is None or own <= 0:
+            if self._pooled:
+                self.flush_pooled()
             tau = self.tau.get((model, POOL, span, block_size)) or self.tau.get(
                 (model, POOL, POOL, block_size)
             )
@@ -480,6 +496,7 @@ class Estimates:
 
     # -- persistence --------------------------------------------------------------------------
     def to_json(self) -> dict[str, list[list]]:
+        self.flush_pooled()
         return {
             name: [[*k, *v.to_list()] for k, v in getattr(self, name).items()] for name in _TABLES
         }

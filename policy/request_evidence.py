@@ -6,9 +6,13 @@ one that writes new prose accepts ~1. With the class mean below break-even, ever
 AR, also the ones where speculation would have halved the decode time. So a request keeps a
 tally of its own drafted cycles per span kind, and the controller uses it two ways:
 
-- Opening probe: where the class decides AR, the request's first step is one spec cycle (at the
-  largest block); it stays speculative when that cycle committed enough to beat AR. Losing
-  openings back off per class and span, in requests (`OpeningBackoff`).
+- Opening probe: where the class decides AR, the first step of the request, and of each span
+  kind it enters, is one spec cycle (at the largest block); the span stays speculative when
+  that cycle committed enough to beat AR, and its own recent cycles, not the class's, then
+  decide at rechecks. Those cycles do not feed the class's estimates: they ran because this
+  request won, and the class learning from its winners alone would send its losers to spec.
+  Losing openings back off per class and span, in openings (`OpeningBackoff`); after a lost
+  one, no spec probes in that span for the rest of the request.
 - Request rechecks: once a span has `min_cycles` drafted cycles of its own, its tokens per cycle
   over the last `WINDOW` of them (not the class's) decide between spec and AR at rechecks; the
   window keeps a collapse of acceptance late in a long span from hiding behind its good start.
@@ -84,7 +88,8 @@ class _OpeningState:
 
 class OpeningBackoff:
     """Per scope (model, class, span): after `free_losses` opening probes lost in a row, skip
-    1, 2, 4... requests (at most `max_skip`) before the next; a win resets it. The first losses
+    the next 1, 2, 4... chances to open (a request's start or a span entry where the class says
+    AR; at most `max_skip`); a win resets it. The first losses
     are free because a class can mix winners and losers: a loss says little about the next
     request, and a lost opening costs one cycle where a won one saves most of the decode."""
 
@@ -94,7 +99,7 @@ class OpeningBackoff:
         self._state: dict[tuple[str, str, str], _OpeningState] = {}
 
     def allowed(self, scope: tuple[str, str, str]) -> bool:
-        """Whether this request may open with a probe (consumes one skip when not)."""
+        """Whether this chance to open may probe (consumes one skip when not)."""
         st = self._state.get(scope)
         if st is None or st.skip <= 0:
             return True
@@ -105,7 +110,7 @@ class OpeningBackoff:
         self._state[scope] = _OpeningState()
 
     def lost(self, scope: tuple[str, str, str]) -> int:
-        """Record a loss; returns how many requests the next opening waits."""
+        """Record a loss; returns how many chances to open the next opening skips."""
         st = self._state.setdefault(scope, _OpeningState())
         st.losses += 1
         over = st.losses - self.free_losses
