@@ -578,12 +578,26 @@ class PolicyController:
 
     @staticmethod
     def _settled_block(known: list[Arm], est: dict[Arm, Throughput], rule: SpanRule) -> Arm:
-        """Among the measured spec blocks within the switch margin of the fastest, the
-        largest: it commits at least what a smaller one would per cycle, and estimates this
-        close are noise (two near-equal blocks otherwise flip between requests)."""
+        """The largest measured spec block, unless a smaller one is faster by the switch
+        margin with confidence; then, among those, the largest within the margin of the
+        fastest. The decided block is a ceiling: the engine's adaptive draft length shrinks
+        it after drafts that miss, but cannot grow past it. And a smaller block's cycles say
+        nothing of what a larger one would commit once they are accepted whole, so near-equal
+        estimates favoured the smaller block for good (a reasoning span of one or two cycles
+        settled on 8 and cost a cycle a request against always-spec at 16)."""
         spec = [a for a in known if a[0] == "spec"]
-        fastest = max(est[a].tps for a in spec)
-        near = [a for a in spec if est[a].tps * (1.0 + rule.switch_margin) >= fastest]
+        largest = max(spec, key=lambda a: a[1])
+        top = est[largest]
+        winners = [
+            a
+            for a in spec
+            if est[a].tps > top.tps * (1.0 + rule.switch_margin)
+            and p_better(est[a], top) >= rule.min_confidence
+        ]
+        if not winners:
+            return largest
+        fastest = max(est[a].tps for a in winners)
+        near = [a for a in winners if est[a].tps * (1.0 + rule.switch_margin) >= fastest]
         return max(near, key=lambda a: a[1])
 
     @staticmethod

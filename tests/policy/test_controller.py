@@ -307,3 +307,23 @@ def test_cycles_the_draft_length_shrank_count_for_the_arms_tau(tmp_path: Path) -
     assert tau.count == len(blocks) and tau.mean == 1.0
     # Time stays the block's own: only the two full-size cycles measured block 16's.
     assert est.cycle_seconds("m", 16, 300) == 0.012
+
+
+def test_a_smaller_block_must_beat_the_largest_with_confidence(tmp_path: Path) -> None:
+    """The decided block is a ceiling the engine's draft length shrinks below: near-equal or
+    uncertain estimates keep the largest block; a smaller one takes over only when it is
+    faster by the margin with confidence."""
+    ctrl = policy(tmp_path).controller_for("m", TOOLS, False)
+    ctrl.start(300, 16)
+    table = {
+        ("spec", 16): Throughput(600.0, 100.0, 12.0),
+        ("spec", 8): Throughput(700.0, 100.0, 70.0),  # faster, but p(8 faster) ~0.76
+        ("spec", 4): Throughput(400.0, 20.0, 70.0),
+        ("ar", 1): Throughput(250.0, 10.0, 20.0),
+    }
+    ctrl._throughput = lambda arm, span: table[arm]  # type: ignore[method-assign]
+    rule = ctrl.policy.rule(ctrl.label, "reasoning")
+    assert ctrl._choose(rule, "reasoning", None)[0] == ("spec", 16)
+    table[("spec", 8)] = Throughput(800.0, 20.0, 70.0)  # now clearly faster
+    table[("spec", 16)] = Throughput(600.0, 20.0, 12.0)
+    assert ctrl._choose(rule, "reasoning", None)[0] == ("spec", 8)
