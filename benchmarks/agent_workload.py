@@ -12,7 +12,7 @@ MEASURES). A second AR run per request (`ar-again`) shows the noise floor.
 
     OPENBLAS_NUM_THREADS=1 LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \
         flock /tmp/bench.lock python benchmarks/agent_workload.py --rounds 24 \
-        [--model DIR --draft DIR] [--out DIR]
+        [--model DIR --draft DIR] [--out DIR] [--classes CLASS ...]
 
 (24 rounds is what the published results use, with 3-6 requests per class: per-class figures over
 one or two requests were noise on a shared machine; the `noise` column, ar-again vs ar, says how
