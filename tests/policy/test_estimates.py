@@ -175,3 +175,20 @@ def test_larger_block_tau_is_floored_by_a_smaller_blocks() -> None:
     again = Estimates(sample_half_life=1e9, half_life_s=0, clock=clock)
     again.load_json(est.to_json())
     assert again.measured_tau("m", "c", "text", 16) == est.measured_tau("m", "c", "text", 16)
+
+
+def test_pooled_priors_applied_when_read_equal_eager_updates() -> None:
+    """Pooled tau priors are updated when a prior is read or the tables are saved, not on
+    every cycle: a cold class reads what the others measured, as if updated at once."""
+    clock = FakeClock()
+    lazy, eager = Estimates(clock=clock), Estimates(clock=clock)
+    for i in range(12):
+        clock.t += 7.0  # the decay between observations must follow their own times
+        for est in (lazy, eager):
+            est.observe_spec("m", "tools", "tool_call", 16, i % 5, 0.011, 300, (8, 4))
+            est.observe_ar("m", 0.004, 300)
+        eager.flush_pooled()
+    clock.t += 60.0
+    cold = lazy.spec("m", "json", "tool_call", 16, 300)  # no own tau: reads the prior
+    assert cold[0].known and cold == eager.spec("m", "json", "tool_call", 16, 300)
+    assert lazy.to_json() == eager.to_json()
