@@ -22,8 +22,6 @@ from .api import CycleRecord
 
 # The smallest block that still drafts (a block of 1 is an AR step).
 MIN_BLOCK = 2
-
-
 # Drafted cycles in a row that accepted nothing before the block shrinks.
 REJECTIONS_TO_SHRINK = 2
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import get_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from toolflash.bench import format_report, load_prompts, run_benchmark
+    from toolflash.engine.api import DraftLength
     from toolflash.engine.factory import assets_dir, build_engine
 
     path = Path(args.prompts) if args.prompts else assets_dir() / "bench_prompts.jsonl"
@@ -58,8 +60,9 @@ def run(args: argparse.Namespace) -> int:
     if not temperatures or any(not 0 <= t <= 2 for t in temperatures):
         raise SystemExit("--temperature: each value must be between 0 and 2")
     draft_lengths = [d.strip() for d in args.draft_length.split(",") if d.strip()]
-    if not draft_lengths or any(d not in ("adaptive", "fixed") for d in draft_lengths):
-        raise SystemExit("--draft-length: adaptive, fixed or a comma list of them")
+    known = get_args(DraftLength)
+    if not draft_lengths or any(d not in known for d in draft_lengths):
+        raise SystemExit(f"--draft-length: one of {', '.join(known)} or a comma list of them")
     engine = build_engine(args.model, args.draft, block_size=args.block_size)
     report = run_benchmark(
         engine,
