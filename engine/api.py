@@ -292,9 +292,12 @@ class ModeDecision:
 
 class ModeController(Protocol):
     """Chooses the mode between cycles (the adaptive policy implements this). The engine calls
-    `observe_prefix` with the text of the token the prefill chose, `start` after it,
-    `after_step` after every cycle or AR step with what it committed, and `finish` once with
-    the totals."""
+    `prepare` on another thread while the prefill computes (reads the start decision needs,
+    made off the decode path), `observe_prefix` with the text of the token the prefill chose,
+    `start` after it, `after_step` after every cycle or AR step with what it committed, and
+    `finish` once with the totals."""
+
+    def prepare(self, prompt_tokens: int, default_block_size: int) -> None: ...
 
     def observe_prefix(self, text: str) -> None: ...
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +105,9 @@ class DFlashEngine:
             else frozenset()
         )
         self._last_chat: _ChatEncoding | None = None
+        # Runs a controller's `prepare` while the prefill computes (MLX releases the GIL
+        # while it evaluates); created on first use.
+        self._preparer: ThreadPoolExecutor | None = None
 
     def close(self, timeout: float | None = None) -> None:
         """Release what outlives a request: writes queued for the prefix cache's disk tier
@@ -119,6 +123,8 @@ class DFlashEngine:
         self._closed = True
         if self.prefix_cache is not None:
             self.prefix_cache.close(timeout)
+        if self._preparer is not None:
+            self._preparer.shutdown(wait=True)
 
     @property
     def default_block_size(self) -> int:
@@ -278,6 +284,9 @@ class DFlashEngine:
         # token is out: publishing evaluates and queues them (L2), which must not delay TTFT.
         # MLX arrays are values, so a state exported mid-prefill is unchanged by what follows.
         deferred: list[SessionState] = []
+        # Without a drafter there is nothing to choose: the controller is not consulted.
+        controlled = controller is not None and self.drafter is not None
+        prepared = self._prepare(controller, len(prompt), block_size) if controlled else None
         first = session.prefill(
             prompt,
             restore=hit.snapshot.state if hit is not None else None,
@@ -296,8 +305,9 @@ class DFlashEngine:
             for state in deferred:
                 assert cache is not None
                 cache.publish(self.cache_key, state)
-        # Without a drafter there is nothing to choose: the controller is not consulted.
-        if controller is not None and self.drafter is not None:
+        if controlled:
+            assert controller is not None and prepared is not None
+            prepared.result()  # done by now: it ran beside the prefill
             # The first token may already open a span (`<tool_call>`, `<think>`, `{`).
             controller.observe_prefix(first_text or self.decode([first]))
             decision = controller.start(len(prompt), block_size)
@@ -320,7 +330,8 @@ class DFlashEngine:
                 yield TokenEvent(
                     tuple(step.tokens), delta, step.record, self._logprobs(step.logprobs)
                 )
-                if controller is not None and self.drafter is not None:
+                if controlled:
+                    assert controller is not None
                     decision = controller.after_step(step.record, step.tokens, delta)
                     mode, block_size = decision.mode, decision.block_size
                 if len(session.tokens) % _CLEAR_CACHE_EVERY < len(step.tokens):
@@ -343,8 +354,6 @@ class DFlashEngine:
             cycles=tuple(cycles),
             constraint=session.chooser.stats(),
         )
-        if controller is not None and self.drafter is not None:
-            controller.finish(stats)
         log.debug(
             "generation",
             request_id=request.request_id,
@@ -352,7 +361,25 @@ class DFlashEngine:
             tokens=stats.completion_tokens,
             tau=round(stats.tokens_per_cycle, 2),
         )
-        yield FinishEvent(reason, stats)  # type: ignore[arg-type]
+        try:
+            yield FinishEvent(reason, stats)  # type: ignore[arg-type]
+        finally:
+            # After the event: the controller's bookkeeping (estimates, counters, log lines)
+            # runs while the response goes out, not before it; also when the consumer stops
+            # at the FinishEvent.
+            if controlled:
+                assert controller is not None
+                controller.finish(stats)
+
+    def _prepare(
+        self, controller: ModeController | None, prompt_tokens: int, block_size: int
+    ) -> Future[None]:
+        """Start `controller.prepare` on the preparer thread (one at a time, in order: a
+        request's reads never overlap the previous request's)."""
+        assert controller is not None
+        if self._preparer is None:
+            self._preparer = ThreadPoolExecutor(1, thread_name_prefix="toolflash-prepare")
+        return self._preparer.submit(controller.prepare, prompt_tokens, block_size)
 
     def _logprobs(self, raw: Sequence[RawLogprob]) -> tuple[TokenLogprob, ...]:
         """With token texts; EOS tokens never become text, so they get no entry either."""

@@ -26,6 +26,9 @@ class DecisionLog:
         self.inner = inner
         self.decisions: list[LoggedDecision] = []
 
+    def prepare(self, prompt_tokens: int, default_block_size: int) -> None:
+        self.inner.prepare(prompt_tokens, default_block_size)
+
     def observe_prefix(self, text: str) -> None:
         self.inner.observe_prefix(text)
 

@@ -38,7 +38,7 @@ from .config import EffectivePolicy, PolicyConfig, SpanRule
 from .estimates import UNKNOWN, Clock, Estimates, Surplus, Throughput
 from .explore import Arm, Backoff, Probe, arm_name, p_better, probe_reason
 from .request_evidence import OpeningBackoff, RequestEvidence, local_verdict
-from .spans import SpanTracker
+from .spans import SPAN_KINDS, SpanTracker
 from .store import PolicyStore
 
 log = structlog.get_logger(__name__)
@@ -48,6 +48,8 @@ AR: Arm = ("ar", 1)
 # doubles after each lost retry, up to the maximum.
 _RETRY_FIRST = 16
 _RETRY_MAX = 256
+# Span entries within a request's first steps choose from the reads `prepare` made.
+_PREPARED_STEPS = 8
 
 
 @dataclass
@@ -157,6 +159,23 @@ class AdaptivePolicy:
             state.last_save = now
 
 
+# Decision records queued before they are published (`PolicyController._publish`).
+_PUBLISH_EVERY = 32
+
+
+@dataclass(frozen=True)
+class _Record:
+    """A decision as made: published (entry, log line, counter) after the decode steps."""
+
+    step: int
+    tokens: int
+    span: str
+    arm: Arm
+    kind: str
+    reason: str
+    surplus: Surplus
+
+
 # Decisions recorded (and dwell reset) even when they keep the arm.
 _RECORDED_KINDS = (
     "start",
@@ -217,7 +236,8 @@ class PolicyController:
         self.explore = ex
         self.budget = ex.budget_per_request
         self.timing_wall = self.policy.estimates.timing == "wall"
-        self.decisions: list[dict[str, Any]] = []
+        self._entries: list[dict[str, Any]] = []
+        self._pending: list[_Record] = []
         self.dropped = 0
         self.arm: Arm = AR
         self.max_block = 16
@@ -258,21 +278,49 @@ class PolicyController:
         # Throughputs computed at this step (a recheck asks for the same arms several times).
         self._tp: dict[tuple[Arm, str], tuple[Throughput, float]] = {}
         self._tp_step = -1
+        # Made ahead by `prepare`, for (context, largest block) `_prepared_for`: the start
+        # choice per span kind (arm, reason, kind), the arm each span would open with where
+        # the class says AR, and the estimate reads behind them.
+        self._prepared: dict[str, tuple[Arm, str, str]] = {}
+        self._opening_if_ar: dict[str, Arm | None] = {}
+        self._prepared_reads: dict[tuple[Arm, str], tuple[Throughput, float]] = {}
+        self._prepared_for: tuple[int, int] | None = None
+        # Steps not yet added to the estimates (`_observe`, `apply_observations`): (record, span, seconds,
+        # arm it ran under, selected by this request's own acceptance).
+        self._unapplied: list[tuple[CycleRecord, str, float, Arm, bool]] = []
 
     # -- ModeController -----------------------------------------------------------------------
     def observe_prefix(self, text: str) -> None:
         """Text committed before `start` (the token the prefill chose), for span tracking."""
         self.spans.push(text)
 
-    def start(self, prompt_tokens: int, default_block_size: int) -> ModeDecision:
+    def prepare(self, prompt_tokens: int, default_block_size: int) -> None:
+        """Read the estimates the request's first decisions need, ahead: every arm of every
+        span kind at this context length, the start choice in each span kind, and whether
+        each could open with a probe. The engine calls this on another thread while the
+        prefill computes (nothing else touches the estimates then), so `start`, and span
+        entries within the first `_PREPARED_STEPS` steps (a short agent turn's tool call),
+        only choose among reads already made. `start` prepares itself when not prepared."""
         self.max_block = max(default_block_size, 2)
         self.context = prompt_tokens
+        self._tp.clear()
+        self._tp_step = self.steps
+        for span in SPAN_KINDS:
+            rule = self.policy.rule(self.label, span)
+            self._prepared[span] = self._choose(rule, span, None)
+            self._opening_if_ar[span] = self._opening_candidate(rule, span, AR)
+            self._best_block(span)  # read by the record of a decision for AR
+        self._prepared_reads = dict(self._tp)
+        self._prepared_for = (prompt_tokens, self.max_block)
+
+    def start(self, prompt_tokens: int, default_block_size: int) -> ModeDecision:
+        if self._prepared_for != (prompt_tokens, max(default_block_size, 2)):
+            self.prepare(prompt_tokens, default_block_size)
         span = self.spans.kind
-        rule = self.policy.rule(self.label, span)
-        arm, reason, kind = self._choose(rule, span, None)
+        arm, reason, kind = self._prepared[span]
+        opening = self._allowed_opening(span, self._opening_if_ar[span] if arm == AR else None)
         self.owner.count("requests", model=self.model_id, **{"class": self.label})
         self._t_last = time.perf_counter()
-        opening = self._opening_arm(rule, span, arm)
         if opening is not None:
             return self._open(opening, reason, span)
         return self._set(arm, kind, reason, span)
@@ -312,6 +360,13 @@ class PolicyController:
         if new_span != span:
             self._reset_rechecks()
             self._selected = None
+            early = self.steps <= _PREPARED_STEPS
+            if early:
+                # The reads `prepare` made beside the prefill stand in for fresh ones: at
+                # most a few of this request's own cycles newer (of a sample half-life of
+                # hundreds), and a short turn's whole decode is a few cycles.
+                self._tp = dict(self._prepared_reads)
+                self._tp_step = self.steps
             rule = self.policy.rule(self.label, new_span)
             arm, reason, kind = self._choose(rule, new_span, self.arm, fresh_block=True)
             if self._overruled(arm, new_span):
@@ -320,7 +375,12 @@ class PolicyController:
             # one spec cycle reads this request's own acceptance in the span (a tool call
             # that copies names and paths from its context accepts whole blocks where the
             # class's other tool calls accept little).
-            opening = self._opening_arm(rule, new_span, arm)
+            candidate = (
+                (self._opening_if_ar[new_span] if arm == AR else None)
+                if early
+                else self._opening_candidate(rule, new_span, arm)
+            )
+            opening = self._allowed_opening(new_span, candidate)
             if opening is not None and new_span not in self._own_ar:
                 return self._open(opening, reason, new_span)
             return self._set(arm, kind, reason, new_span)
@@ -370,6 +430,8 @@ class PolicyController:
         return self._decision()
 
     def finish(self, stats: GenerationStats) -> None:
+        self.apply_observations()
+        self._publish()
         self._flush_ticks()
         self.est.flush_pooled()
         for (span, mode), n in self._steps.items():
@@ -390,6 +452,12 @@ class PolicyController:
         )
 
     # -- what the response carries --------------------------------------------------------------
+    @property
+    def decisions(self) -> list[dict[str, Any]]:
+        """The decisions made so far (at most `max_recorded`), as the response lists them."""
+        self._publish()
+        return self._entries
+
     def summary(self) -> dict[str, Any]:
         """JSON-able account for the response's `toolflash` object."""
         return {
@@ -406,10 +474,33 @@ class PolicyController:
 
     # -- internals ------------------------------------------------------------------------------
     def _observe(self, record: CycleRecord, span: str, seconds: float) -> None:
+        """Count the step and queue it for the estimates (`apply_observations` adds it before
+        the next fresh read, or at finish): a step that decides nothing, or only from
+        prepared reads, does no estimate work on the decode path."""
+        selected = record.mode == "spec" and span == self._selected
+        self._unapplied.append((record, span, seconds, self.arm, selected))
+        self._ticks[span] = self._ticks.get(span, 0) + 1
+        # Counted here, published to the process-wide counters once, at `finish`.
+        key = (span, record.mode)
+        self._steps[key] = self._steps.get(key, 0) + 1
+        self._tokens[key] = self._tokens.get(key, 0) + record.committed
+
+    def apply_observations(self) -> None:
+        """Add the queued steps to the estimates, in order (before every fresh read, and at
+        finish; a reader of the estimates mid-request calls it first)."""
+        if self._unapplied:
+            queued, self._unapplied = self._unapplied, []
+            for step in queued:
+                self._apply(*step)
+
+    def _apply(
+        self, record: CycleRecord, span: str, seconds: float, arm: Arm, selected: bool
+    ) -> None:
+        """One step's measurement into the estimates; `arm` is the one it ran under."""
         mode = record.mode
         # A cycle cut short by max_tokens ran a smaller block than decided: not comparable.
-        full = mode == "ar" or record.block_size == self.arm[1]
-        if mode == "spec" and span == self._selected:
+        full = mode == "ar" or record.block_size == arm[1]
+        if selected:
             seconds = 0.0  # selected by this request's acceptance: not the class's measure
         if seconds > 0 and record.forced > 0:
             # A grammar-forced run: no drafter, one forward of the fixed stretch (a spec cycle
@@ -424,17 +515,17 @@ class PolicyController:
                 record.committed,
                 seconds,
                 mode,
-                block_size=self.arm[1] if mode == "spec" else None,
+                block_size=arm[1] if mode == "spec" else None,
             )
         elif (
             seconds > 0
             and mode == "spec"
             and record.drafted > 0
-            and self.arm[0] == "spec"
-            and record.block_size <= self.arm[1]
+            and arm[0] == "spec"
+            and record.block_size <= arm[1]
             and (
                 record.draft_cut
-                or (record.block_size < self.arm[1] and record.accepted < record.drafted)
+                or (record.block_size < arm[1] and record.accepted < record.drafted)
             )
         ):
             # A cycle shorter than the arm's block that says what the block would have
@@ -451,7 +542,7 @@ class PolicyController:
                 self.model_id,
                 self.label,
                 span,
-                self.arm[1],
+                arm[1],
                 record.accepted,
                 None,
                 record.context_len,
@@ -473,11 +564,6 @@ class PolicyController:
             elif mode == "ar":
                 scope = (self.model_id, self.label, span)
                 self.est.observe_ar(self.model_id, seconds, record.context_len, scope)
-        self._ticks[span] = self._ticks.get(span, 0) + 1
-        # Counted here, published to the process-wide counters once, at `finish`.
-        key = (span, mode)
-        self._steps[key] = self._steps.get(key, 0) + 1
-        self._tokens[key] = self._tokens.get(key, 0) + record.committed
 
     def _arms(self, rule: SpanRule) -> list[Arm]:
         blocks = [b for b in rule.block_sizes if b <= self.max_block] or [self.max_block]
@@ -512,6 +598,7 @@ class PolicyController:
         key = (arm, span)
         found = self._tp.get(key)
         if found is None:
+            self.apply_observations()
             if arm[0] == "ar":
                 found = (self.est.ar(self.model_id, self.context, self.label, span), 0.0)
             else:
@@ -610,6 +697,7 @@ class PolicyController:
     def _maybe_probe(self, rule: SpanRule, span: str) -> None:
         if self.dwell < self.min_dwell:
             return
+        self.apply_observations()
         self._flush_ticks()
         scope = (self.model_id, self.label, span)
         cur = self._throughput(self.arm, span)
@@ -663,6 +751,7 @@ class PolicyController:
         """Whether spec at this block could beat `cur` at all: a cycle costs at least one AR
         step (it runs a target forward of the block, plus the draft), so spec is bounded by
         measured tau x AR tok/s. Where tau is that low, probing block sizes is pure loss."""
+        self.apply_observations()
         tau = self.est.measured_tau(self.model_id, self.label, span, arm[1])
         ar = self.est.ar(self.model_id, self.context)
         if tau is None or not ar.known or not cur.known:
@@ -716,11 +805,20 @@ class PolicyController:
                 reason = f"{reason}; {why}"
             self._set(arm, "probe-lost", reason, span)
 
-    def _opening_arm(self, rule: SpanRule, span: str, arm: Arm) -> Arm | None:
-        """The spec arm to open this request with, where the class chose AR and the opening
-        probe is on, allowed by its backoff and judgeable (AR and the cycle time measured)."""
+    def _allowed_opening(self, span: str, candidate: Arm | None) -> Arm | None:
+        """`candidate` (see `_opening_candidate`) where the opening backoff allows it (asking
+        consumes a skip)."""
+        if candidate is None or not self.state.opening.allowed((self.model_id, self.label, span)):
+            return None
+        return candidate
+
+    def _opening_candidate(self, rule: SpanRule, span: str, arm: Arm) -> Arm | None:
+        """The spec arm to open this span with, where the class chose AR and the opening
+        probe is on and judgeable (AR and the cycle time measured); the backoff is asked
+        apart (`_allowed_opening`), as a read must not consume its skips."""
         if not self.explore.opening_probe or arm != AR or rule.mode != "adaptive":
             return None
+        self.apply_observations()
         spec = [a for a in self._arms(rule) if a[0] == "spec"]
         if not spec:
             return None
@@ -735,8 +833,6 @@ class PolicyController:
         ):
             return None
         if self.est.cycle_seconds(self.model_id, largest[1], self.context) is None:
-            return None
-        if not self.state.opening.allowed((self.model_id, self.label, span)):
             return None
         return largest
 
@@ -760,6 +856,7 @@ class PolicyController:
         or None when there is not enough of it (or AR is not an option here)."""
         if tau is None or rule.mode != "adaptive" or self.arm[0] != "spec":
             return None
+        self.apply_observations()
         cycle_s = self.est.cycle_seconds(self.model_id, self.arm[1], self.context)
         ar = self._throughput(AR, span)
         if cycle_s is None or not ar.known:
@@ -826,26 +923,41 @@ class PolicyController:
             block = arm[1] if arm[0] == "spec" else self._best_block(span)
             spec, tau = self._estimate(("spec", block), span)
             surplus = Surplus(spec, self._throughput(AR, span), tau, block)
+            # Only the record is made here, between decode steps; its dict, log line and
+            # counter are made by `_publish` (at finish, or when enough have queued).
+            self._pending.append(_Record(self.steps, self.tokens, span, arm, kind, reason, surplus))
+            if len(self._pending) >= _PUBLISH_EVERY:
+                self._publish()
+        self.arm = arm
+        self.reason = reason
+        return self._decision()
+
+    def _publish(self) -> None:
+        """Turn the queued decision records into the response's entries, log lines (in order,
+        each with the step it was made at) and `decisions` counters."""
+        pending, self._pending = self._pending, []
+        for rec in pending:
+            arm = rec.arm
             entry: dict[str, Any] = {
-                "step": self.steps,
-                "tokens": self.tokens,
-                "span": span,
+                "step": rec.step,
+                "tokens": rec.tokens,
+                "span": rec.span,
                 "mode": arm[0],
                 "block_size": arm[1] if arm[0] == "spec" else None,
-                "kind": kind,
-                "reason": reason,
-                **surplus.as_dict(),
+                "kind": rec.kind,
+                "reason": rec.reason,
+                **rec.surplus.as_dict(),
             }
-            if len(self.decisions) < self.max_recorded:
-                self.decisions.append(entry)
+            if len(self._entries) < self.max_recorded:
+                self._entries.append(entry)
             else:
                 self.dropped += 1
             self.owner.count(
                 "decisions",
                 model=self.model_id,
-                span=span,
+                span=rec.span,
                 mode=arm[0],
-                kind=kind,
+                kind=rec.kind,
                 **{"class": self.label},
             )
             log.info(
@@ -855,9 +967,6 @@ class PolicyController:
                 **{k: v for k, v in entry.items() if k not in ("block_size", "mode")},
                 mode=arm_name(arm),
             )
-        self.arm = arm
-        self.reason = reason
-        return self._decision()
 
     def _best_block(self, span: str) -> int:
         rule = self.policy.rule(self.label, span)

@@ -114,6 +114,9 @@ class AlwaysSpec:
         self.block = block
         self.blocks: list[int] = []
 
+    def prepare(self, prompt_tokens: int, default_block_size: int) -> None:
+        pass
+
     def observe_prefix(self, text: str) -> None:
         pass
 

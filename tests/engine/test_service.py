@@ -102,6 +102,9 @@ class ScriptedController:
         self.steps: list[tuple[str, int, int]] = []
         self.finished: Any = None
 
+    def prepare(self, prompt_tokens: int, default_block_size: int) -> None:
+        self.prepared = (prompt_tokens, default_block_size, threading.current_thread().name)
+
     def observe_prefix(self, text: str) -> None:
         self.prefix = text
 
@@ -134,6 +137,23 @@ def test_controller_drives_modes_losslessly(engine: Any) -> None:
     assert all(bs == 4 for m, bs, _ in controller.steps if m == "spec")
     assert controller.finished is not None and controller.finished.completion_tokens == len(ref)
     assert controller.prefix == engine.decode(ref[:1])  # the prefill's token reached it
+    # prepare ran off the engine's thread, for this prompt and the engine's block
+    assert controller.prepared[:2] == (len(prompt), engine.default_block_size)
+    assert controller.prepared[2] != threading.current_thread().name
+
+
+def test_controller_finishes_after_the_finish_event(engine: Any) -> None:
+    """The controller's bookkeeping runs after the FinishEvent is out (off the response's
+    path), also when the consumer stops there."""
+    prompt = tuple(engine.encode("def add(a, b):"))
+    controller = ScriptedController()
+    events = engine.generate(GenerationRequest(prompt, 12, mode="spec"), None, controller)
+    for event in events:
+        if isinstance(event, FinishEvent):
+            break
+    assert isinstance(event, FinishEvent) and controller.finished is None
+    events.close()
+    assert controller.finished is event.stats
 
 
 def test_tool_call_format_detection() -> None:

@@ -178,6 +178,9 @@ class SwitchToAr:
     def __init__(self) -> None:
         self.finished: list[int] = []
 
+    def prepare(self, prompt_tokens: int, default_block_size: int) -> None:
+        pass
+
     def observe_prefix(self, text: str) -> None:
         pass
 

@@ -76,6 +76,7 @@ def test_controller_counts_every_token_of_an_ar_jump(tmp_path: Path) -> None:
         for rec in (ar_record(i, 0.004), ar_record(i + 1, 0.004), ar_jump(i + 2, 6, 7, 0.005)):
             ctrl.after_step(rec, [0] * rec.committed, "")
         i += 3
+    ctrl.apply_observations()  # what finish (or the next fresh read) adds
     est = pol.model("m").estimates
     span = ctrl.spans.kind
     label = FORCED_CLASS.label

@@ -12,7 +12,7 @@ from toolflash.policy.controller import AdaptivePolicy
 from toolflash.policy.estimates import Throughput
 from toolflash.policy.request_class import RequestClass
 
-from .fakes import FakeClock, spec_record
+from .fakes import FakeClock, ar_record, spec_record
 from .world import Trace, World, drive
 
 TOOLS = RequestClass(kind="tools", thinking="off", after_tool_result=False, length_band="lt1k")
@@ -182,11 +182,13 @@ def test_prefix_text_and_wall_timing(tmp_path: Path) -> None:
     assert ctrl.spans.kind == "tool_call"
     # Wall timing: the time between steps, at most twice the cycle's own time.
     ctrl.after_step(spec_record(0, 8, 0, 10.0), [0], "{")
+    ctrl.apply_observations()
     stat = pol.model("m").estimates.cycle_s[("m", 8, 512)]
     assert 0 < stat.mean < 1.0  # real elapsed time (microseconds), not the record's 10 s
     first = stat.s1
     ctrl._t_last -= 100.0  # a consumer that stalled for 100 s between two events
     ctrl.after_step(spec_record(1, 8, 0, 0.01), [0], '"name"')
+    ctrl.apply_observations()
     assert stat.count == 2
     assert stat.s1 <= first + 0.02 + 1e-9  # the 100 s stall was clipped to 2 x 10 ms
     assert "steps" not in pol.counters()  # published when the request finishes
@@ -199,14 +201,43 @@ def test_prefix_text_and_wall_timing(tmp_path: Path) -> None:
     ]
 
 
+def test_decisions_are_published_in_order_when_the_request_finishes(tmp_path: Path) -> None:
+    """Between decode steps a decision is only recorded; its response entry, log line and
+    counter come at finish (or when read), in order, each with the step it was made at."""
+    from structlog.testing import capture_logs
+
+    pol = policy(tmp_path, "decisions: {max_recorded: 2}\n")
+    drive(pol.controller_for("m", TOOLS, False), World(**WORLD), SCRIPT)  # type: ignore[arg-type]
+
+    def counted() -> int:
+        return sum(r["value"] for r in pol.counters()["decisions"])
+
+    before = counted()
+    ctrl = pol.controller_for("m", TOOLS, False)
+    with capture_logs() as logs:
+        decision = ctrl.start(300, 8)
+        for i in range(60):
+            text = CALL if i == 10 else "word "
+            rec = spec_record(i, 8, 5, 0.010) if decision.mode == "spec" else ar_record(i, 0.004)
+            decision = ctrl.after_step(rec, [0] * rec.committed, text)
+        assert not logs and counted() == before
+        ctrl.finish(GenerationStats(300, 0, 60, 0.0, 0.5, ()))
+    lines = [e for e in logs if e["event"] == "policy.decision"]
+    assert len(lines) >= 3
+    assert [e["step"] for e in lines] == sorted(e["step"] for e in lines)
+    assert lines[0]["kind"] == "start" and lines[0]["step"] == 0
+    assert counted() - before == len(lines)
+    summary = ctrl.summary()  # listed up to max_recorded, the rest counted as dropped
+    assert len(summary["decisions"]) == 2
+    assert summary["decisions_dropped"] == len(lines) - 2
+
+
 def test_rechecks_back_off_while_the_choice_is_clear_and_still_catch_a_change(
     tmp_path: Path,
 ) -> None:
     # Spec clearly beats AR in text; rechecks that change nothing double their interval (up to
     # recheck_max), so a long span costs a few estimate reads, not one every 8 steps...
     from toolflash.policy.controller import PolicyController
-
-    from .fakes import ar_record
 
     pol = policy(
         tmp_path, "exploration: {budget_per_request: 0}\nestimates: {sample_half_life: 8}\n"
@@ -302,6 +333,7 @@ def test_cycles_the_draft_length_shrank_count_for_the_arms_tau(tmp_path: Path) -
     blocks = [16, 16, 8, 4, 2, 2, 2, 2, 2, 2]
     for i, b in enumerate(blocks):
         ctrl.after_step(spec_record(i, b, 0, 0.004 + 0.0005 * b), [0], "w")
+    ctrl.apply_observations()
     est = pol.model("m").estimates
     tau = est.tau[("m", TOOLS.label, "text", 16)]
     assert tau.count == len(blocks) and tau.mean == 1.0

@@ -104,6 +104,7 @@ def test_controller_credits_forced_cycles_to_the_spec_arm(tmp_path: Path) -> Non
         i += 3
         assert decision.mode == "spec"
     span = ctrl.spans.kind
+    ctrl.apply_observations()
     est = pol.model("m").estimates
     label = FORCED_CLASS.label
     # Forced cycles kept out of tau and the block's cycle time ...
@@ -127,6 +128,7 @@ def test_a_draft_the_grammar_cut_counts_for_tau_at_the_arms_block(tmp_path: Path
     # Asked for 16, the grammar allowed 8 draft tokens (the call closed), all accepted.
     cut = CycleRecord(0, "spec", 9, 8, 8, 9, 0.002, 0.004, 0.0, 300, draft_cut=True)
     ctrl.after_step(cut, [0] * 9, "")
+    ctrl.apply_observations()
     est = pol.model("m").estimates
     span = ctrl.spans.kind
     assert est.measured_tau("m", FORCED_CLASS.label, span, 16) == pytest.approx(9.0)
@@ -135,6 +137,7 @@ def test_a_draft_the_grammar_cut_counts_for_tau_at_the_arms_block(tmp_path: Path
     # A block cut by max_tokens (no draft_cut) and accepted whole says only "at least 3":
     # left out (one whose draft missed inside it counts, see test_controller).
     ctrl.after_step(CycleRecord(1, "spec", 3, 2, 2, 3, 0.001, 0.002, 0.0, 309), [0] * 3, "")
+    ctrl.apply_observations()
     assert est.tau[("m", FORCED_CLASS.label, span, 16)].count == 1
 
 

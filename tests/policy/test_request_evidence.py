@@ -129,6 +129,29 @@ def test_opening_probe_returns_to_ar_and_backs_off(tmp_path: Path) -> None:
     assert counts == {"lost": 4}
 
 
+def test_prepared_starts_decide_as_unprepared_ones(tmp_path: Path) -> None:
+    """`prepare` (run beside the prefill) reads ahead for every span kind; the starts it
+    serves decide exactly as unprepared ones, and reading does not consume opening skips."""
+    runs: dict[bool, list[tuple[str, str]]] = {}
+    for prepared in (False, True):
+        (tmp_path / str(prepared)).mkdir()
+        pol = policy(tmp_path / str(prepared), "exploration: {budget_per_request: 0}\n")
+        _learn_ar_class(pol)
+        runs[prepared] = []
+        for i in range(7):
+            ctrl = pol.controller_for("m", TOOL_RESULT, False)
+            if prepared:
+                # The last one was prepared for another prompt length: start reads afresh.
+                ctrl.prepare(5000 if i == 6 else 300, 8)
+            decision = ctrl.start(300, 8)
+            runs[prepared].append((ctrl.decisions[-1]["kind"], ctrl.decisions[-1]["reason"]))
+            if decision.mode == "spec":
+                ctrl.after_step(spec_record(0, 8, 0, 0.010), [0], "word ")
+    assert runs[True] == runs[False]
+    kinds = [k for k, _ in runs[True]]
+    assert kinds == ["opening", "opening", "opening", "start", "opening", "start", "start"]
+
+
 def test_opening_probe_off_by_config(tmp_path: Path) -> None:
     pol = policy(tmp_path, "exploration: {budget_per_request: 0, opening_probe: false}\n")
     _learn_ar_class(pol)
