@@ -18,6 +18,13 @@ the span tracker over the committed text, and decides the next mode and block si
 The block decided here is the largest a cycle drafts: the engine's adaptive draft length
 (`engine/draft_length.py`) shortens it after rejected drafts inside a spec stretch.
 Every decision is logged, counted (`AdaptivePolicy.counters()`) and listed (`decisions`).
+
+What runs between decode steps is kept small, since a short agent turn decodes in a few
+cycles of a few ms each: the estimate reads for the start (and for span entries in the first
+steps) are made by `prepare` while the prefill computes; a step's measurement is queued and
+added to the estimates before the next fresh read or at `finish`; a decision is recorded as
+made and turned into its entry, log line and counter at `finish`, which the engine calls after
+the response's last event.
 """
 
 from __future__ import annotations
@@ -285,8 +292,8 @@ class PolicyController:
         self._opening_if_ar: dict[str, Arm | None] = {}
         self._prepared_reads: dict[tuple[Arm, str], tuple[Throughput, float]] = {}
         self._prepared_for: tuple[int, int] | None = None
-        # Steps not yet added to the estimates (`_observe`, `apply_observations`): (record, span, seconds,
-        # arm it ran under, selected by this request's own acceptance).
+        # Steps not yet added to the estimates (`_observe`, `apply_observations`): (record,
+        # span, seconds, the arm it ran under, selected by this request's own acceptance).
         self._unapplied: list[tuple[CycleRecord, str, float, Arm, bool]] = []
 
     # -- ModeController -----------------------------------------------------------------------
