@@ -295,7 +295,7 @@ class ModeController(Protocol):
     `prepare` on another thread while the prefill computes (reads the start decision needs,
     made off the decode path), `observe_prefix` with the text of the token the prefill chose,
     `start` after it, `after_step` after every cycle or AR step with what it committed, and
-    `finish` once with the totals."""
+    `finish` once with the totals, after the `FinishEvent` is out."""
 
     def prepare(self, prompt_tokens: int, default_block_size: int) -> None: ...
 

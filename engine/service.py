@@ -125,6 +125,7 @@ class DFlashEngine:
             self.prefix_cache.close(timeout)
         if self._preparer is not None:
             self._preparer.shutdown(wait=True)
+            self._preparer = None
 
     @property
     def default_block_size(self) -> int:
