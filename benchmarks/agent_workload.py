@@ -17,7 +17,8 @@ MEASURES). A second AR run per request (`ar-again`) shows the noise floor.
 (24-32 rounds is what the published results use, with 3-6 requests per class: per-class figures
 over one or two requests were noise on a shared machine; the `noise` column, ar-again vs ar, says
 how noisy. Requests whose decode takes under `--short-ms` run `--short-repeats` times a round:
-a single run of a 30 ms request varies by ~20% here, so their medians need more runs.) Each row also counts the
+a single run of a 30 ms request varies by ~20% here, so their medians need more runs. The repeats
+run the policy on a throwaway copy of its state, so it learns from the same workload.) Each row also counts the
 grammar-forced cycles (`forced_cycles`, `forced_tokens`: forced runs verified without drafting).
 
 Writes `agent_workload.json` and `agent_workload.png` (tok/s per class per strategy) to --out.
@@ -28,6 +29,7 @@ on the whole workload.
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import os
@@ -667,11 +669,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             order = [strategies[i] for i in orders[n % len(orders)]]
             n += 1
             results = {}
+            # A repeat pass runs the policy on a copy of its state, dropped afterwards: the
+            # policy learns from the workload's first pass only, so the repeats measure it
+            # without changing the mix of requests it learns from (three times as many short
+            # tool results would pull their class's estimates toward spec for all of them).
+            learned = copy.deepcopy(policy._models) if pass_ > 0 else None
             for s in order:
                 # Every run starts from the same allocator state, whatever ran before it.
                 gc.collect()
                 mx.clear_cache()
                 results[s] = generate(engine, item, s, args.max_tokens, policy)
+            if learned is not None:
+                policy._models = learned
             if len({tuple(r.tokens) for r in results.values()}) != 1:
                 mismatches += 1
             for s, r in results.items():
