@@ -18,8 +18,8 @@ MEASURES). A second AR run per request (`ar-again`) shows the noise floor.
 over one or two requests were noise on a shared machine; the `noise` column, ar-again vs ar, says
 how noisy. Requests whose decode takes under `--short-ms` run `--short-repeats` times a round:
 a single run of a 30 ms request varies by ~20% here, so their medians need more runs. The repeats
-run the policy on a throwaway copy of its state, so it learns from the same workload.) Each row also counts the
-grammar-forced cycles (`forced_cycles`, `forced_tokens`: forced runs verified without drafting).
+run the policy on a throwaway copy of its state, so it learns from the same workload.) Each row
+also counts the grammar-forced cycles (`forced_cycles`, `forced_tokens`: forced runs verified without drafting).
 
 Writes `agent_workload.json` and `agent_workload.png` (tok/s per class per strategy) to --out.
 The bar (issue 5): adaptive within 3% of the better fixed mode on every class, and faster than both
