@@ -286,8 +286,11 @@ class DFlashEngine:
         # MLX arrays are values, so a state exported mid-prefill is unchanged by what follows.
         deferred: list[SessionState] = []
         # Without a drafter there is nothing to choose: the controller is not consulted.
-        controlled = controller is not None and self.drafter is not None
-        prepared = self._prepare(controller, len(prompt), block_size) if controlled else None
+        if self.drafter is None:
+            controller = None
+        prepared = (
+            self._prepare(controller, len(prompt), block_size) if controller is not None else None
+        )
         first = session.prefill(
             prompt,
             restore=hit.snapshot.state if hit is not None else None,
@@ -306,8 +309,7 @@ class DFlashEngine:
             for state in deferred:
                 assert cache is not None
                 cache.publish(self.cache_key, state)
-        if controlled:
-            assert controller is not None and prepared is not None
+        if controller is not None and prepared is not None:
             prepared.result()  # done by now: it ran beside the prefill
             # The first token may already open a span (`<tool_call>`, `<think>`, `{`).
             controller.observe_prefix(first_text or self.decode([first]))
@@ -331,8 +333,7 @@ class DFlashEngine:
                 yield TokenEvent(
                     tuple(step.tokens), delta, step.record, self._logprobs(step.logprobs)
                 )
-                if controlled:
-                    assert controller is not None
+                if controller is not None:
                     decision = controller.after_step(step.record, step.tokens, delta)
                     mode, block_size = decision.mode, decision.block_size
                 if len(session.tokens) % _CLEAR_CACHE_EVERY < len(step.tokens):
@@ -368,16 +369,14 @@ class DFlashEngine:
             # After the event: the controller's bookkeeping (estimates, counters, log lines)
             # runs while the response goes out, not before it; also when the consumer stops
             # at the FinishEvent.
-            if controlled:
-                assert controller is not None
+            if controller is not None:
                 controller.finish(stats)
 
     def _prepare(
-        self, controller: ModeController | None, prompt_tokens: int, block_size: int
+        self, controller: ModeController, prompt_tokens: int, block_size: int
     ) -> Future[None]:
         """Start `controller.prepare` on the preparer thread (one at a time, in order: a
         request's reads never overlap the previous request's)."""
-        assert controller is not None
         if self._preparer is None:
             self._preparer = ThreadPoolExecutor(1, thread_name_prefix="toolflash-prepare")
         return self._preparer.submit(controller.prepare, prompt_tokens, block_size)

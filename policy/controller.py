@@ -325,7 +325,7 @@ class PolicyController:
             self.prepare(prompt_tokens, default_block_size)
         span = self.spans.kind
         arm, reason, kind = self._prepared[span]
-        opening = self._allowed_opening(span, self._opening_if_ar[span] if arm == AR else None)
+        opening = self._allowed_opening(span, self._prepared_opening(span, arm))
         self.owner.count("requests", model=self.model_id, **{"class": self.label})
         self._t_last = time.perf_counter()
         if opening is not None:
@@ -382,11 +382,10 @@ class PolicyController:
             # one spec cycle reads this request's own acceptance in the span (a tool call
             # that copies names and paths from its context accepts whole blocks where the
             # class's other tool calls accept little).
-            candidate = (
-                (self._opening_if_ar[new_span] if arm == AR else None)
-                if early
-                else self._opening_candidate(rule, new_span, arm)
-            )
+            if early:
+                candidate = self._prepared_opening(new_span, arm)
+            else:
+                candidate = self._opening_candidate(rule, new_span, arm)
             opening = self._allowed_opening(new_span, candidate)
             if opening is not None and new_span not in self._own_ar:
                 return self._open(opening, reason, new_span)
@@ -818,6 +817,10 @@ class PolicyController:
         if candidate is None or not self.state.opening.allowed((self.model_id, self.label, span)):
             return None
         return candidate
+
+    def _prepared_opening(self, span: str, arm: Arm) -> Arm | None:
+        """`_opening_candidate` as `prepare` read it."""
+        return self._opening_if_ar[span] if arm == AR else None
 
     def _opening_candidate(self, rule: SpanRule, span: str, arm: Arm) -> Arm | None:
         """The spec arm to open this span with, where the class chose AR and the opening
