@@ -5,14 +5,15 @@ continuations), and the held-out benchmark prompts shipped beside the models."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import asdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from toolflash.zoo.corpus import eval_prompts
+from toolflash.zoo.recipes import DrafterRecipe
 from toolflash.zoo.records import Prompt, PromptKind, Record
 
 log = structlog.get_logger(__name__)
@@ -48,6 +49,98 @@ def held_out_prompts(per_kind: int, seed: int = 0) -> list[Prompt]:
     return [p for kind in PROMPT_KINDS for p in eval_prompts(kind, per_kind, seed)[:per_kind]]
 
 
+DRAFTER_SUFFIX = "-dflash"
+
+
+@dataclass(frozen=True)
+class PromptFiles:
+    """A drafter's distillation prompts and its held-out evaluation prompts (chat JSONL)."""
+
+    train: Path
+    eval: Path
+    train_count: int
+    eval_count: int
+
+
+def write_drafter_prompts(
+    recipe: DrafterRecipe,
+    records: Sequence[Record],
+    tokenizer_dir: Path,
+    out: Path,
+    name: str,
+    seed: int = 0,
+) -> PromptFiles:
+    """Draw `recipe`'s distillation pool (cut to its first `recipe.prompts`) and the held-out
+    evaluation prompts, and write them as `out/prompts_{train,eval}_<name>.jsonl`."""
+    from transformers import AutoTokenizer
+
+    from toolflash.zoo.prompt_pool import distillation_pool
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    pool = distillation_pool(
+        recipe.pool,
+        seed,
+        records=records if recipe.with_corpus else (),
+        tokenizer=tokenizer,
+        max_tokens=recipe.max_prompt_tokens,
+    )
+    train = out / f"prompts_train_{name}.jsonl"
+    held_out = out / f"prompts_eval_{name}.jsonl"
+    n_train = write_prompts(pool[: recipe.prompts], train)
+    n_eval = write_prompts(held_out_prompts(recipe.eval_per_kind, seed), held_out)
+    return PromptFiles(train, held_out, n_train, n_eval)
+
+
+def build_drafter(
+    recipe: DrafterRecipe,
+    target_dir: Path,
+    out_dir: Path,
+    prompts: PromptFiles,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Distil, train, write and evaluate one drafter as `recipe` says; returns a summary of its
+    report (the full report is `out_dir/training_report.json`)."""
+    report = train_family_drafter(
+        target_dir,
+        out_dir,
+        prompts.train,
+        prompts.eval,
+        layers=recipe.layers,
+        block_size=recipe.block_size,
+        target_layer_ids=list(recipe.target_layer_ids) if recipe.target_layer_ids else None,
+        steps=recipe.steps,
+        batch_size=recipe.batch_size,
+        lr=recipe.lr,
+        max_new_tokens=recipe.max_new_tokens,
+        seed=seed,
+        progress=progress,
+        distill_batch=recipe.distill_batch,
+    )
+    evaluation = report.get("evaluation") or {}
+    kinds = evaluation.get("kinds") or {}
+    return {
+        "prompts": prompts.train_count,
+        "examples": report["data"]["examples"],
+        "response_tokens": report["data"]["response_tokens"],
+        "time_s": report["time_s"],
+        "loss_last": report["training"]["loss_last"],
+        "tokens_per_cycle": (evaluation.get("overall") or {}).get("tokens_per_cycle"),
+        "by_kind": {
+            kind: {
+                "tokens_per_cycle": figures["tokens_per_cycle"],
+                "spec_over_ar": _ratio(figures["spec_tokens_per_s"], figures["ar_tokens_per_s"]),
+            }
+            for kind, figures in kinds.items()
+        },
+        "lossless": evaluation.get("lossless"),
+    }
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
+
+
 def train_family_drafter(
     target_dir: Path,
     out_dir: Path,
@@ -56,8 +149,11 @@ def train_family_drafter(
     *,
     layers: int | None = None,
     block_size: int = 16,
+    target_layer_ids: list[int] | None = None,
     epochs: float = 3.0,
     steps: int | None = None,
+    batch_size: int = 8,
+    lr: float = 6e-4,
     max_new_tokens: int = 192,
     seed: int = 0,
     progress: bool = True,
@@ -77,9 +173,10 @@ def train_family_drafter(
         mask_token_id=resolve_mask_token_id(tokenizer, target.vocab_size),
         layers=layers,
         block_size=block_size,
+        target_layer_ids=target_layer_ids,
         max_new_tokens=max_new_tokens,
         distill_batch=distill_batch,
-        train=TrainConfig(steps=steps, epochs=epochs, seed=seed),
+        train=TrainConfig(steps=steps, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed),
     )
     result = train_draft(
         target,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import mlx.nn as nn
@@ -12,24 +11,6 @@ Family = Literal["qwen3", "qwen3_5"]
 FAMILIES: tuple[Family, ...] = ("qwen3", "qwen3_5")
 DIR_NAMES: dict[Family, str] = {"qwen3": "qwen3-tiny", "qwen3_5": "qwen35-tiny"}
 MAX_POSITIONS = 32768
-
-
-@dataclass(frozen=True)
-class TrainDefaults:
-    """Per-family training defaults sized for ~10 minutes on 2 CPU cores with OpenBLAS."""
-
-    steps: int
-    batch_size: int
-    seq_len: int
-    lr: float
-
-
-# Measured here (2 cores, OpenBLAS, compiled step): qwen3-tiny ~1.55K tok/s at 8x512; the hybrid's
-# GatedDeltaNet runs a per-token loop when training (~0.75K tok/s at 16x256).
-TRAIN_DEFAULTS: dict[Family, TrainDefaults] = {
-    "qwen3": TrainDefaults(steps=260, batch_size=8, seq_len=512, lr=2e-3),
-    "qwen3_5": TrainDefaults(steps=130, batch_size=16, seq_len=256, lr=3e-3),
-}
 
 
 def target_config(

@@ -24,13 +24,9 @@ from mlx.utils import tree_flatten
 
 from toolflash.engine.targets.qwen3_5 import training_logits
 from toolflash.zoo.corpus import corpus_digest, render_training_text
+from toolflash.zoo.recipes import CPU
 from toolflash.zoo.records import Record
-from toolflash.zoo.target_configs import (
-    TRAIN_DEFAULTS,
-    Family,
-    build_model,
-    target_config,
-)
+from toolflash.zoo.target_configs import Family, build_model, target_config
 from toolflash.zoo.tokenizer import EOS_TOKEN, copy_tokenizer_files
 
 log = structlog.get_logger(__name__)
@@ -131,9 +127,10 @@ def train_target(
     AdamW (wd 0.1, betas 0.9/0.95), 4% warmup then cosine to 10%, grad clip 1.0, compiled step,
     loss on every token of the packed rendered samples. Data order and init follow `seed`.
     Pass `stream` and `stream_digest` (from `tokenize_corpus`) to reuse one tokenization;
-    `config_overrides` shrink or reshape the architecture (tests use it).
+    `config_overrides` shrink or reshape the architecture (tests use it). Settings left out
+    are the `cpu` recipe's.
     """
-    defaults = TRAIN_DEFAULTS[family]
+    defaults = CPU.targets[family]
     steps = steps or defaults.steps
     batch_size = batch_size or defaults.batch_size
     seq_len = seq_len or defaults.seq_len

@@ -1,8 +1,9 @@
 """`toolflash zoo`: build the tiny model family from scratch, or print greedy samples from it.
 
 Usage:
-    toolflash zoo build --out DIR [--seed S] [--corpus-size BYTES] [--steps N | --steps-qwen3 N ...] [--quick]
-        [--drafters [--draft-prompts N] [--draft-steps N] [--distill-batch N]]
+    toolflash zoo build --out DIR [--recipe cpu|shipped|quick] [--seed S] [--family F] [--targets-only]
+        [--corpus-size BYTES] [--steps N | --steps-qwen3 N --steps-qwen35 N]
+        [--draft-prompts N] [--draft-steps N] [--distill-batch N]
     toolflash zoo prompts --out FILE [--count N] [--seed S] [--tokenizer DIR] [--corpus FILE]
     toolflash zoo sample --model DIR (--prompt TEXT | --kind code) [--max-tokens N] [--no-thinking]
 """
@@ -17,42 +18,45 @@ from pathlib import Path
 from typing import Any
 
 from toolflash.commands.train_draft import positive_int
+from toolflash.zoo.recipes import RECIPES, FamilyRecipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="zoo_command", metavar="ACTION", required=True)
 
-    build = sub.add_parser("build", help="corpus -> tokenizer -> tiny qwen3 and qwen3.5 targets")
+    build = sub.add_parser(
+        "build",
+        help="the whole tiny family from scratch: corpus, tokenizer, targets, drafters",
+        description="Regenerate the tiny family from a named recipe (zoo/recipes.py); the same "
+        "recipe and seed give the same files. `cpu` (the default) takes about 45 minutes on 2 "
+        "CPU cores with OpenBLAS; `shipped` has the embedded family's settings (a GPU-sized "
+        "job); `quick` is a smoke test. The options below override single settings.",
+    )
     build.add_argument("--out", type=Path, required=True, help="output directory")
+    build.add_argument("--recipe", choices=sorted(RECIPES), default="cpu")
     build.add_argument("--seed", type=int, default=0)
-    build.add_argument("--corpus-size", type=int, default=None, help="corpus bytes (default 3 MB)")
-    build.add_argument("--steps", type=int, default=None, help="training steps for every target")
-    build.add_argument("--steps-qwen3", type=int, default=None)
-    build.add_argument("--steps-qwen35", type=int, default=None)
     build.add_argument(
         "--family",
         choices=["qwen3", "qwen3_5"],
         action="append",
-        help="train only these targets (repeatable; default both)",
+        help="build only these targets and their drafters (repeatable; default both)",
+    )
+    build.add_argument("--targets-only", action="store_true", help="skip the drafters")
+    build.add_argument("--corpus-size", type=positive_int, default=None, help="corpus bytes")
+    build.add_argument("--steps", type=positive_int, default=None, help="every target's steps")
+    build.add_argument("--steps-qwen3", type=positive_int, default=None)
+    build.add_argument("--steps-qwen35", type=positive_int, default=None)
+    build.add_argument(
+        "--draft-prompts", type=positive_int, default=None, help="distillation prompts per drafter"
     )
     build.add_argument(
-        "--quick", action="store_true", help="small corpus and 20 steps (smoke test, minutes)"
+        "--draft-steps", type=positive_int, default=None, help="training steps per drafter"
     )
-    build.add_argument(
-        "--drafters",
-        action="store_true",
-        help="also train one DFlash drafter per target (distillation prompts from the zoo's "
-        "generators, see `zoo prompts`; evaluated with the real loop on held-out prompts)",
-    )
-    build.add_argument(
-        "--draft-prompts", type=int, default=2000, help="distillation prompts (pool size)"
-    )
-    build.add_argument("--draft-steps", type=int, default=900, help="drafter training steps")
     build.add_argument(
         "--distill-batch",
         type=positive_int,
-        default=64,
-        help="prompts decoded together during distillation (1 = one at a time)",
+        default=None,
+        help="prompts decoded together during distillation (1 = one at a time; speed only)",
     )
 
     prompts = sub.add_parser(
@@ -131,77 +135,46 @@ def _prompts(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from toolflash.zoo.build import QUICK_SIZE, QUICK_STEPS, build_family, family_size_mb
-    from toolflash.zoo.corpus import DEFAULT_SIZE
-    from toolflash.zoo.target_configs import FAMILIES
+    from toolflash.zoo.build import build_family, family_size_mb
 
-    size = args.corpus_size or (QUICK_SIZE if args.quick else DEFAULT_SIZE)
-    default_steps = args.steps or (QUICK_STEPS if args.quick else None)
-    steps: dict[Any, int] = {}
-    for family, override in (("qwen3", args.steps_qwen3), ("qwen3_5", args.steps_qwen35)):
-        chosen = override or default_steps
-        if chosen:
-            steps[family] = int(chosen)
-    start = time.perf_counter()
-    build = build_family(
-        args.out,
-        seed=args.seed,
-        corpus_size=size,
-        steps=steps,
-        families=tuple(args.family or FAMILIES),
-    )
+    recipe = recipe_from_args(args)
+    print(json.dumps({"recipe": recipe.to_json(), "seed": args.seed}, indent=2), flush=True)
+    build = build_family(args.out, recipe, seed=args.seed)
     summary = build.to_json()
     summary.pop("training")
-    summary["total_seconds"] = round(time.perf_counter() - start, 1)
+    summary.pop("recipe")
     summary["size_mb"] = family_size_mb(args.out)
     summary["final_loss"] = {k: round(v.final_loss, 3) for k, v in build.training.items()}
-    if args.drafters:
-        summary["drafters"] = _drafters(args, build)
-        summary["total_seconds"] = round(time.perf_counter() - start, 1)
-        summary["size_mb"] = family_size_mb(args.out)
     print(json.dumps(summary, indent=2))
     return 0
 
 
-def _drafters(args: argparse.Namespace, build: Any) -> dict[str, Any]:
-    """Prompt files, then one drafter per target: DIR/<target>-dflash."""
-    from transformers import AutoTokenizer
-
-    from toolflash.zoo.drafters import (
-        held_out_prompts,
-        records_from_jsonl,
-        train_family_drafter,
-        write_prompts,
-    )
-    from toolflash.zoo.prompt_pool import distillation_pool
-
-    records = records_from_jsonl(args.out / "corpus.jsonl")
-    tokenizer = AutoTokenizer.from_pretrained(str(build.tokenizer_dir))
-    train_file = args.out / "prompts_train.jsonl"
-    eval_file = args.out / "prompts_eval.jsonl"
-    pool = distillation_pool(args.draft_prompts, args.seed, records=records, tokenizer=tokenizer)
-    write_prompts(pool, train_file)
-    write_prompts(held_out_prompts(6, args.seed), eval_file)
-    out: dict[str, Any] = {}
-    for family, target_dir in build.target_dirs.items():
-        t0 = time.perf_counter()
-        report = train_family_drafter(
-            target_dir,
-            target_dir.parent / f"{target_dir.name}-dflash",
-            train_file,
-            eval_file,
-            steps=args.draft_steps,
-            max_new_tokens=128,
-            seed=args.seed,
-            distill_batch=args.distill_batch,
-        )
-        evaluation = report.get("evaluation") or {}
-        out[family] = {
-            "seconds": round(time.perf_counter() - t0, 1),
-            "tokens_per_cycle": (evaluation.get("overall") or {}).get("tokens_per_cycle"),
-            "lossless": evaluation.get("lossless"),
-        }
-    return out
+def recipe_from_args(args: argparse.Namespace) -> FamilyRecipe:
+    """The named recipe with the command line's overrides applied."""
+    recipe = RECIPES[args.recipe]
+    if args.family:
+        recipe = recipe.only(tuple(args.family))
+    if args.targets_only:
+        recipe = recipe.without_drafters()
+    if args.corpus_size:
+        recipe = dataclasses.replace(recipe, corpus_size=args.corpus_size)
+    steps = {"qwen3": args.steps_qwen3 or args.steps, "qwen3_5": args.steps_qwen35 or args.steps}
+    targets = {
+        family: dataclasses.replace(target, steps=steps[family] or target.steps)
+        for family, target in recipe.targets.items()
+    }
+    overrides: dict[str, Any] = {
+        "pool": args.draft_prompts,
+        "prompts": args.draft_prompts,
+        "steps": args.draft_steps,
+        "distill_batch": args.distill_batch,
+    }
+    chosen = {key: value for key, value in overrides.items() if value}
+    drafters = {
+        family: dataclasses.replace(drafter, **chosen)
+        for family, drafter in recipe.drafters.items()
+    }
+    return dataclasses.replace(recipe, targets=targets, drafters=drafters)
 
 
 def _sample(args: argparse.Namespace) -> int:

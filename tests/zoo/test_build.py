@@ -1,0 +1,146 @@
+"""`build_family` runs a recipe end to end, and the same recipe and seed give the same files."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from toolflash.commands import zoo as zoo_command
+from toolflash.zoo.build import build_family
+from toolflash.zoo.recipes import CPU, RECIPES, DrafterRecipe, FamilyRecipe, TargetRecipe
+
+from .test_train_target import SMALL
+
+TEST_RECIPE = FamilyRecipe(
+    name="test",
+    summary="test-size family: every stage in seconds",
+    corpus_size=150_000,
+    targets={
+        family: TargetRecipe(  # type: ignore[misc]
+            steps=12, batch_size=4, seq_len=64, lr=3e-3, config_overrides=SMALL[family]
+        )
+        for family in ("qwen3", "qwen3_5")
+    },
+    drafters={
+        family: DrafterRecipe(  # type: ignore[misc]
+            pool=8,
+            steps=4,
+            batch_size=4,
+            max_new_tokens=12,
+            max_prompt_tokens=768,
+            target_layer_ids=None,
+            distill_batch=4,
+            eval_per_kind=1,
+        )
+        for family in ("qwen3", "qwen3_5")
+    },
+)
+
+SHIPPED_FILES = ("model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja")
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.name in SHIPPED_FILES or p.name.startswith("prompts_")
+    }
+
+
+@pytest.fixture(scope="module")
+def two_builds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    roots = tmp_path_factory.mktemp("a"), tmp_path_factory.mktemp("b")
+    for root in roots:
+        build_family(root, TEST_RECIPE, seed=3)
+    return roots
+
+
+def test_recipe_builds_every_stage(two_builds: tuple[Path, Path]) -> None:
+    from toolflash.engine.draft_loading import TargetInfo, load_draft
+    from toolflash.engine.factory import load_target
+
+    root = two_builds[0]
+    summary = json.loads((root / "build.json").read_text())
+    assert summary["recipe"]["name"] == "test"
+    assert set(summary["stage_seconds"]) == {
+        "corpus", "tokenizer", "tokenize", "train_qwen3", "train_qwen3_5",
+        "prompts_qwen3", "prompts_qwen3_5", "drafter_qwen3", "drafter_qwen3_5",
+    }  # fmt: skip
+    assert summary["total_seconds"] == pytest.approx(sum(summary["stage_seconds"].values()), 0.01)
+    for family, name in (("qwen3", "qwen3-tiny"), ("qwen3_5", "qwen35-tiny")):
+        drafter = summary["drafters"][family]
+        assert drafter["prompts"] == 8 and drafter["lossless"] is True
+        assert drafter["tokens_per_cycle"] >= 1.0
+        assert set(drafter["by_kind"]) == {"free_text", "code", "tool_call", "json"}
+        # The drafter loads through the engine's loader, against its own target.
+        target, _, config = load_target(root / name)
+        load_draft(root / f"{name}-dflash", TargetInfo.from_config(config, family=target.family))
+
+
+def test_same_recipe_and_seed_give_the_same_files(two_builds: tuple[Path, Path]) -> None:
+    a, b = (_digests(root) for root in two_builds)
+    assert len([k for k in a if k.endswith("model.safetensors")]) == 4  # 2 targets, 2 drafters
+    assert a == b
+
+
+def _args(**overrides: object) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    zoo_command.add_arguments(parser)
+    args = parser.parse_args(["build", "--out", "x"])
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return args
+
+
+def test_cli_recipe_overrides() -> None:
+    assert zoo_command.recipe_from_args(_args()) == CPU
+    recipe = zoo_command.recipe_from_args(
+        _args(
+            recipe="shipped",
+            family=["qwen3_5"],
+            steps_qwen35=7,
+            draft_prompts=50,
+            draft_steps=9,
+            distill_batch=2,
+        )
+    )
+    shipped = RECIPES["shipped"]
+    assert list(recipe.targets) == ["qwen3_5"] and list(recipe.drafters) == ["qwen3_5"]
+    assert recipe.targets["qwen3_5"].steps == 7
+    assert recipe.targets["qwen3_5"].lr == shipped.targets["qwen3_5"].lr
+    drafter = recipe.drafters["qwen3_5"]
+    assert (drafter.pool, drafter.prompts, drafter.steps, drafter.distill_batch) == (50, 50, 9, 2)
+    assert drafter.with_corpus == shipped.drafters["qwen3_5"].with_corpus
+    assert zoo_command.recipe_from_args(_args(targets_only=True)).drafters == {}
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_shipped_recipe_is_what_made_the_embedded_family(family: str) -> None:
+    from toolflash.engine.factory import assets_dir
+    from toolflash.zoo.target_configs import DIR_NAMES
+
+    recipe = RECIPES["shipped"]
+    target_dir = assets_dir() / DIR_NAMES[family]  # type: ignore[index]
+    trained = json.loads((target_dir / "training.json").read_text())
+    target = recipe.targets[family]  # type: ignore[index]
+    assert (trained["steps"], trained["batch_size"], trained["seq_len"]) == (
+        target.steps,
+        target.batch_size,
+        target.seq_len,
+    )
+    report = json.loads(
+        (target_dir.parent / f"{target_dir.name}-dflash/training_report.json").read_text()
+    )
+    drafter = recipe.drafters[family]  # type: ignore[index]
+    assert report["data"]["prompts"] == drafter.prompts
+    assert report["data"]["max_new_tokens"] == drafter.max_new_tokens
+    assert report["train_config"]["steps"] == drafter.steps
+    assert report["train_config"]["batch_size"] == drafter.batch_size
+    assert report["train_config"]["lr"] == drafter.lr
+    shape = report["drafter"]
+    assert (shape["layers"], shape["block_size"]) == (drafter.layers, drafter.block_size)
+    assert tuple(shape["target_layer_ids"]) == drafter.target_layer_ids
