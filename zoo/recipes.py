@@ -73,9 +73,11 @@ class FamilyRecipe:
         return asdict(self)
 
 
-# Sized from rates measured on 2 cores with OpenBLAS: a target step of 4 x 256 tokens ~0.6 s
-# (batch 4 reached a lower loss than 8 x 512 in the same time), distillation ~0.25 s a prompt,
-# a drafter step of 16 sequences ~0.7 s.
+# Sized from rates measured on 2 cores with OpenBLAS (the end-to-end run: MODEL_CARD.md): a
+# target step of 4 x 256 tokens ~0.6 s (in a 5-minute sweep, batch 4 x 256 reached a lower loss
+# than 8 x 256 or 4-8 x 512), distillation ~0.16 s a prompt, a drafter step of 16 sequences
+# 0.8 s (qwen3) to 1.5 s (the hybrid, whose longer answers carry more anchors). Drafters get
+# steps rather than prompts: below a few hundred steps they stay at loss ~5 whatever the lr.
 CPU = FamilyRecipe(
     name="cpu",
     summary="the whole family in about 45 minutes on 2 CPU cores (OpenBLAS); weaker than shipped",
@@ -99,7 +101,7 @@ CPU = FamilyRecipe(
 # (`prompts` takes exactly the first 8,595, so a few prompts at the edge differ).
 SHIPPED = FamilyRecipe(
     name="shipped",
-    summary="the settings of the embedded family (GPU-sized: hours on 2 CPU cores)",
+    summary="the settings of the embedded family (GPU-sized: about 10 hours on 2 CPU cores)",
     corpus_size=3_000_000,
     targets={
         "qwen3": TargetRecipe(steps=1500, batch_size=8, seq_len=512, lr=2e-3),
