@@ -101,22 +101,36 @@ def build_drafter(
 ) -> dict[str, Any]:
     """Distil, train, write and evaluate one drafter as `recipe` says; returns a summary of its
     report (the full report is `out_dir/training_report.json`)."""
-    report = train_family_drafter(
-        target_dir,
-        out_dir,
-        prompts.train,
-        prompts.eval,
+    from toolflash.engine.factory import load_target
+    from toolflash.training.data import load_prompt_records, stop_token_ids
+    from toolflash.training.draft_config import resolve_mask_token_id
+    from toolflash.training.pipeline import DraftJob, train_draft
+    from toolflash.training.trainer import TrainConfig
+
+    target, tokenizer, config = load_target(target_dir)
+    job = DraftJob(
+        mask_token_id=resolve_mask_token_id(tokenizer, target.vocab_size),
         layers=recipe.layers,
         block_size=recipe.block_size,
         target_layer_ids=list(recipe.target_layer_ids) if recipe.target_layer_ids else None,
-        steps=recipe.steps,
-        batch_size=recipe.batch_size,
-        lr=recipe.lr,
         max_new_tokens=recipe.max_new_tokens,
-        seed=seed,
-        progress=progress,
         distill_batch=recipe.distill_batch,
+        train=TrainConfig(
+            steps=recipe.steps, batch_size=recipe.batch_size, lr=recipe.lr, seed=seed
+        ),
     )
+    report = train_draft(
+        target,
+        config,
+        load_prompt_records(prompts.train, tokenizer),
+        load_prompt_records(prompts.eval, tokenizer),
+        stop_token_ids(tokenizer),
+        out_dir,
+        job,
+        progress=progress,
+        extra_report={"target_path": str(target_dir), "data_path": str(prompts.train)},
+    ).report
+    log.info("zoo.drafter.done", target=str(target_dir), out=str(out_dir))
     evaluation = report.get("evaluation") or {}
     kinds = evaluation.get("kinds") or {}
     return {
@@ -139,58 +153,6 @@ def build_drafter(
 
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
-
-
-def train_family_drafter(
-    target_dir: Path,
-    out_dir: Path,
-    train_file: Path,
-    eval_file: Path,
-    *,
-    layers: int | None = None,
-    block_size: int = 16,
-    target_layer_ids: list[int] | None = None,
-    epochs: float = 3.0,
-    steps: int | None = None,
-    batch_size: int = 8,
-    lr: float = 6e-4,
-    max_new_tokens: int = 192,
-    seed: int = 0,
-    progress: bool = True,
-    distill_batch: int = 64,
-) -> dict[str, Any]:
-    """Train and evaluate one drafter (real draft-verify loop); returns its report."""
-    from toolflash.engine.factory import load_target
-    from toolflash.training.data import load_prompt_records, stop_token_ids
-    from toolflash.training.draft_config import resolve_mask_token_id
-    from toolflash.training.pipeline import DraftJob, train_draft
-    from toolflash.training.trainer import TrainConfig
-
-    target, tokenizer, config = load_target(target_dir)
-    train_records = load_prompt_records(train_file, tokenizer)
-    eval_records = load_prompt_records(eval_file, tokenizer)
-    job = DraftJob(
-        mask_token_id=resolve_mask_token_id(tokenizer, target.vocab_size),
-        layers=layers,
-        block_size=block_size,
-        target_layer_ids=target_layer_ids,
-        max_new_tokens=max_new_tokens,
-        distill_batch=distill_batch,
-        train=TrainConfig(steps=steps, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed),
-    )
-    result = train_draft(
-        target,
-        config,
-        train_records,
-        eval_records,
-        stop_token_ids(tokenizer),
-        out_dir,
-        job,
-        progress=progress,
-        extra_report={"target_path": str(target_dir), "data_path": str(train_file)},
-    )
-    log.info("zoo.drafter.done", target=str(target_dir), out=str(out_dir))
-    return result.report
 
 
 def records_from_jsonl(path: Path) -> list[Record]:

@@ -17,6 +17,9 @@ if TYPE_CHECKING:  # the CLI's parser imports this module: keep MLX out of it
     from toolflash.zoo.target_configs import Family
 
 
+_BOTH: tuple[Family, ...] = ("qwen3", "qwen3_5")  # target_configs.FAMILIES, without MLX
+
+
 @dataclass(frozen=True)
 class TargetRecipe:
     """One target's training run (`train_target`)."""
@@ -82,10 +85,7 @@ CPU = FamilyRecipe(
     name="cpu",
     summary="the whole family in about 45 minutes on 2 CPU cores (OpenBLAS); weaker than shipped",
     corpus_size=3_000_000,
-    targets={
-        "qwen3": TargetRecipe(steps=900, batch_size=4, seq_len=256, lr=3e-3),
-        "qwen3_5": TargetRecipe(steps=900, batch_size=4, seq_len=256, lr=3e-3),
-    },
+    targets=dict.fromkeys(_BOTH, TargetRecipe(steps=900, batch_size=4, seq_len=256, lr=3e-3)),
     drafters={
         "qwen3": DrafterRecipe(pool=400, steps=500, batch_size=16, lr=2e-3, max_prompt_tokens=1024),
         "qwen3_5": DrafterRecipe(
@@ -117,14 +117,10 @@ QUICK = FamilyRecipe(
     name="quick",
     summary="smoke test of every stage (minutes); the models are not useful",
     corpus_size=300_000,
-    targets={
-        "qwen3": TargetRecipe(steps=20, batch_size=8, seq_len=256, lr=3e-3),
-        "qwen3_5": TargetRecipe(steps=20, batch_size=8, seq_len=256, lr=3e-3),
-    },
-    drafters={
-        "qwen3": DrafterRecipe(pool=32, steps=10, max_new_tokens=32, eval_per_kind=1),
-        "qwen3_5": DrafterRecipe(pool=32, steps=10, max_new_tokens=32, eval_per_kind=1),
-    },
+    targets=dict.fromkeys(_BOTH, TargetRecipe(steps=20, batch_size=8, seq_len=256, lr=3e-3)),
+    drafters=dict.fromkeys(
+        _BOTH, DrafterRecipe(pool=32, steps=10, max_new_tokens=32, eval_per_kind=1)
+    ),
 )
 
 RECIPES: dict[str, FamilyRecipe] = {r.name: r for r in (CPU, SHIPPED, QUICK)}
