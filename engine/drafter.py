@@ -22,6 +22,7 @@ import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
 
 from toolflash.kernels.attention import attention, fast_attention_enabled
+from toolflash.kernels.training_math import training_math
 
 
 class DraftConfigError(ValueError):
@@ -247,10 +248,11 @@ class DraftAttention(nn.Module):
         if ctx_k is not None and ctx_v is not None:
             k = mx.concatenate([ctx_k, k], axis=2)
             v = mx.concatenate([ctx_v, v], axis=2)
-        if mask is None and fast_attention_enabled():
-            # Inference on the CPU: toolflash's kernel (fast softmax). Training passes a mask
-            # and keeps MLX's kernel (and its gradients).
-            out = attention(q, k, v, self.scale)
+        if self.training:
+            # Differentiable; on the CPU with the fast exponential and hand-written gradients.
+            out = training_math().attention(q, k, v, self.scale, mask)
+        elif mask is None and fast_attention_enabled():
+            out = attention(q, k, v, self.scale)  # inference on the CPU: the fast softmax
         else:
             out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, s, -1))
@@ -266,7 +268,8 @@ class DraftMLP(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        silu = training_math().silu if self.training else nn.silu
+        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DraftLayer(nn.Module):

@@ -25,8 +25,9 @@ import math
 from dataclasses import dataclass
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
+
+from toolflash.kernels.training_math import training_math
 
 # Published decay constants (paper A.1): block size -> gamma.
 PUBLISHED_GAMMA: dict[int, float] = {8: 4.0, 10: 5.0, 16: 7.0}
@@ -194,8 +195,9 @@ def check_blocks(
 
 
 def weighted_cross_entropy(logits: mx.array, labels: mx.array, weights: mx.array) -> mx.array:
-    """Sum of per-position CE times weight, divided by the weight sum (0 if no weight)."""
-    ce = nn.losses.cross_entropy(logits, labels, reduction="none")
+    """Sum of per-position CE times weight, divided by the weight sum (0 if no weight).
+    On the CPU the cross entropy goes through the fast exponential (`training_math`)."""
+    ce = training_math().cross_entropy(logits, labels)
     total = weights.sum()
     return (ce * weights).sum() / mx.maximum(total, 1e-6)
 

@@ -76,20 +76,22 @@ class FamilyRecipe:
         return asdict(self)
 
 
-# Sized from rates measured on 2 cores with OpenBLAS (the end-to-end run: MODEL_CARD.md): a
-# target step of 4 x 256 tokens ~0.6 s (in a 5-minute sweep, batch 4 x 256 reached a lower loss
-# than 8 x 256 or 4-8 x 512), distillation ~0.16 s a prompt, a drafter step of 16 sequences
-# 0.8 s (qwen3) to 1.5 s (the hybrid, whose longer answers carry more anchors). Drafters get
-# steps rather than prompts: below a few hundred steps they stay at loss ~5 whatever the lr.
+# Sized from rates measured on 2 cores with OpenBLAS, the two families built in parallel (one
+# worker and one BLAS thread each) with the CPU-fast training math: a target step of 4 x 256
+# tokens ~0.5 s in each worker (in a 5-minute sweep, batch 4 x 256 reached a lower loss than
+# 8 x 256 or 4-8 x 512), distillation ~0.16 s a prompt, a drafter step of 16 sequences ~0.5 s
+# (qwen3) to ~1 s (the hybrid). The hybrid's chain (target, then drafter) is the longer one, so
+# the qwen3 drafter gets more steps in the same wall time. Drafters get steps rather than
+# prompts: below a few hundred steps they stay at loss ~5 whatever the lr.
 CPU = FamilyRecipe(
     name="cpu",
     summary="the whole family in about 45 minutes on 2 CPU cores (OpenBLAS); weaker than shipped",
     corpus_size=3_000_000,
-    targets=dict.fromkeys(_BOTH, TargetRecipe(steps=900, batch_size=4, seq_len=256, lr=3e-3)),
+    targets=dict.fromkeys(_BOTH, TargetRecipe(steps=2200, batch_size=4, seq_len=256, lr=3e-3)),
     drafters={
-        "qwen3": DrafterRecipe(pool=400, steps=500, batch_size=16, lr=2e-3, max_prompt_tokens=1024),
+        "qwen3": DrafterRecipe(pool=600, steps=900, batch_size=16, lr=2e-3, max_prompt_tokens=1024),
         "qwen3_5": DrafterRecipe(
-            pool=600, steps=700, batch_size=16, lr=2e-3, max_prompt_tokens=1024
+            pool=600, steps=800, batch_size=16, lr=2e-3, max_prompt_tokens=1024
         ),
     },
 )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import mlx.core as mx
 
 from toolflash.kernels.attention import Attention, attention, fast_attention_enabled
+from toolflash.kernels.training_math import TrainingMath
 
 
 @dataclass
@@ -83,6 +84,9 @@ class DecoderStack:
         # The attention kernel for attention layers: toolflash's on the CPU (a fast
         # softmax), None = MLX's fused kernel through the layer's own forward.
         self.attention_kernel: Attention | None = attention if fast_attention_enabled() else None
+        # The MLP's activation: None = the layer's own MLP (mlx-lm's SwiGLU); training sets
+        # toolflash's CPU-fast SiLU (`training_logits`).
+        self.mlp_activation: Callable[[mx.array], mx.array] | None = None
 
     def embed(self, tokens: mx.array) -> mx.array:
         return self.inner.embed_tokens(tokens)
@@ -92,11 +96,29 @@ class DecoderStack:
             return self.inner.embed_tokens.as_linear(hidden)
         return self.text.lm_head(hidden)
 
+    def mlp(self, layer: Any, x: mx.array) -> mx.array:
+        """The layer's SwiGLU MLP on `x` (its input, already normalized)."""
+        if self.mlp_activation is None:
+            return layer.mlp(x)
+        mlp = layer.mlp
+        return mlp.down_proj(self.mlp_activation(mlp.gate_proj(x)) * mlp.up_proj(x))
+
     def finish(self, h: mx.array, last_logits_only: bool) -> mx.array:
         """Logits from the last layer's output."""
         if last_logits_only:
             h = h[:, -1:]
         return self.lm_head(self.inner.norm(h))
+
+
+def training_logits(adapter: Any, tokens: mx.array, math: TrainingMath) -> mx.array:
+    """Logits of a batch of unpadded sequences [B, T] through a fresh `adapter` (a
+    `DecoderStack` built on the model being trained) with fresh caches, its attention and MLP
+    activation taken from `math`: the function mlx-lm's forward computes, in differentiable
+    MLX ops that run fast on the CPU (`toolflash.kernels.training_math`; the hybrid's
+    recurrence in toolflash's chunked form, not mlx-lm's loop over every position)."""
+    adapter.attention_kernel = math.attention
+    adapter.mlp_activation = math.silu
+    return adapter.forward(tokens, adapter.make_cache()).logits
 
 
 def features_in_order(captured: list[mx.array], capture: Sequence[int]) -> mx.array | None:

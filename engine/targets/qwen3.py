@@ -37,11 +37,11 @@ class Qwen3Target(DecoderStack):
         mask = create_attention_mask(h, cache[0])
         captured = []
         for i, (layer, c) in enumerate(zip(self.layers, cache)):
-            if position_shift or self.attention_kernel is not None:
+            if position_shift or self.attention_kernel is not None or self.mlp_activation:
                 x = layer.input_layernorm(h)
                 attn = layer.self_attn
                 h = h + qwen3_attention_at(attn, x, mask, c, position_shift, self.attention_kernel)
-                h = h + layer.mlp(layer.post_attention_layernorm(h))
+                h = h + self.mlp(layer, layer.post_attention_layernorm(h))
             else:
                 h = layer(h, mask, c)
             if i in capture:

@@ -110,7 +110,7 @@ class Qwen35Target(DecoderStack):
             else:
                 r = layer.self_attn(x, mask, c)
             h = h + r
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + self.mlp(layer, layer.post_attention_layernorm(h))
             if i in capture:
                 captured.append(h)
         return ForwardResult(
@@ -131,14 +131,3 @@ class Qwen35Target(DecoderStack):
             layer_tape: GdnTape = result.tape[i]
             c[0] = layer_tape.conv_input[:, keep : keep + self.conv_keep, :]
             c[1] = layer_tape.states[keep - 1]
-
-
-def training_logits(model: Any, tokens: mx.array) -> mx.array:
-    """Logits of a whole batch of unpadded sequences [B, T], nothing cached: the function
-    mlx-lm's forward computes, with the recurrence in toolflash's chunked form (differentiable
-    MLX ops). Target training uses it: on the CPU a step takes less than half the time of
-    mlx-lm's forward, whose recurrence is a loop over every position."""
-    adapter = Qwen35Target(model)
-    adapter.attention_kernel = None  # the layers' own attention: no cache, causal mask
-    cache = [ArraysCache(size=2) if layer.is_linear else None for layer in adapter.layers]
-    return adapter.forward(tokens, cache).logits

@@ -9,9 +9,11 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from toolflash.engine.draft_context import DraftContext, DraftWindow
+from toolflash.engine.targets.base import training_logits
 from toolflash.engine.targets.qwen3 import Qwen3Target
-from toolflash.engine.targets.qwen3_5 import Qwen35Target, gated_delta_forward, training_logits
+from toolflash.engine.targets.qwen3_5 import Qwen35Target, gated_delta_forward
 from toolflash.kernels import gated_delta
+from toolflash.kernels.training_math import FAST, REFERENCE, TrainingMath
 
 from .tiny_models import drafter_for, qwen3_target, qwen35_target
 
@@ -50,13 +52,20 @@ def test_gated_delta_forward_matches_mlx_lm_layer() -> None:
     assert tape is not None and len(tape.states) == 9
 
 
-def test_training_logits_match_mlx_lm_and_carry_gradients() -> None:
-    model = qwen35_target()
+@pytest.mark.parametrize("ops", [FAST, REFERENCE], ids=lambda o: o.name)
+@pytest.mark.parametrize(
+    "make,adapter_cls", [(qwen3_target, Qwen3Target), (qwen35_target, Qwen35Target)]
+)
+def test_training_logits_match_mlx_lm_and_carry_gradients(  # type: ignore[no-untyped-def]
+    make, adapter_cls, ops: TrainingMath
+) -> None:
+    model = make()
     tokens = mx.random.randint(0, 64, (3, 40))  # a batch, longer than one 16-token chunk
-    assert mx.allclose(training_logits(model, tokens), model(tokens), atol=1e-4).item()
+    got = training_logits(adapter_cls(model), tokens, ops)
+    assert mx.allclose(got, model(tokens), atol=1e-4).item()
 
     def loss(m: nn.Module, x: mx.array) -> mx.array:
-        return training_logits(m, x).astype(mx.float32).mean()
+        return training_logits(adapter_cls(m), x, ops).astype(mx.float32).mean()
 
     def ref_loss(m: nn.Module, x: mx.array) -> mx.array:
         return m(x).astype(mx.float32).mean()

@@ -53,9 +53,10 @@ def _digests(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def two_builds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The same recipe and seed built twice, the families in two worker processes."""
     roots = tmp_path_factory.mktemp("a"), tmp_path_factory.mktemp("b")
     for root in roots:
-        build_family(root, TEST_RECIPE, seed=3)
+        build_family(root, TEST_RECIPE, seed=3, jobs=2)
     return roots
 
 
@@ -71,6 +72,7 @@ def test_recipe_builds_every_stage(two_builds: tuple[Path, Path]) -> None:
         "prompts_qwen3", "prompts_qwen3_5", "drafter_qwen3", "drafter_qwen3_5",
     }  # fmt: skip
     assert summary["total_seconds"] == pytest.approx(sum(summary["stage_seconds"].values()), 0.01)
+    assert summary["jobs"] == 2 and summary["wall_seconds"] > 0
     for family, name in (("qwen3", "qwen3-tiny"), ("qwen3_5", "qwen35-tiny")):
         drafter = summary["drafters"][family]
         assert drafter["prompts"] == 8 and drafter["lossless"] is True
@@ -85,6 +87,20 @@ def test_same_recipe_and_seed_give_the_same_files(two_builds: tuple[Path, Path])
     a, b = (_digests(root) for root in two_builds)
     assert len([k for k in a if k.endswith("model.safetensors")]) == 4  # 2 targets, 2 drafters
     assert a == b
+
+
+def test_one_job_builds_in_process_what_a_worker_builds(
+    two_builds: tuple[Path, Path], tmp_path: Path
+) -> None:
+    # Not byte for byte: the worker runs OpenBLAS on one thread, this process on every core,
+    # and OpenBLAS splits some products differently (the bytes follow the thread count).
+    build = build_family(tmp_path, TEST_RECIPE.only(("qwen3",)).without_drafters(), 3, jobs=1)
+    assert build.jobs == 1 and set(build.target_dirs) == {"qwen3"}
+    worker = json.loads((two_builds[0] / "build.json").read_text())["training"]["qwen3"]
+    assert build.training["qwen3"].first_loss == pytest.approx(worker["first_loss"], abs=1e-4)
+    assert build.training["qwen3"].final_loss == pytest.approx(worker["final_loss"], abs=1e-2)
+    config = "qwen3-tiny/config.json"
+    assert _digests(tmp_path)[config] == _digests(two_builds[0])[config]
 
 
 def _args(**overrides: object) -> argparse.Namespace:

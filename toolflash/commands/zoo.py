@@ -1,7 +1,8 @@
 """`toolflash zoo`: build the tiny model family from scratch, or print greedy samples from it.
 
 Usage:
-    toolflash zoo build --out DIR [--recipe cpu|shipped|quick] [--seed S] [--family F] [--targets-only]
+    toolflash zoo build --out DIR [--recipe cpu|shipped|quick] [--seed S] [--jobs N] [--family F]
+        [--targets-only]
         [--corpus-size BYTES] [--steps N | --steps-qwen3 N --steps-qwen35 N]
         [--draft-prompts N] [--draft-steps N] [--distill-batch N]
     toolflash zoo prompts --out FILE [--count N] [--seed S] [--tokenizer DIR] [--corpus FILE]
@@ -42,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="build only these targets and their drafters (repeatable; default both)",
     )
     build.add_argument("--targets-only", action="store_true", help="skip the drafters")
+    build.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=None,
+        help="families built in parallel worker processes (default: one per family, at most "
+        "one per CPU core; 1 = one after the other)",
+    )
     build.add_argument("--corpus-size", type=positive_int, default=None, help="corpus bytes")
     build.add_argument("--steps", type=positive_int, default=None, help="every target's steps")
     build.add_argument("--steps-qwen3", type=positive_int, default=None)
@@ -139,7 +147,7 @@ def _build(args: argparse.Namespace) -> int:
 
     recipe = recipe_from_args(args)
     print(json.dumps({"recipe": recipe.to_json(), "seed": args.seed}, indent=2), flush=True)
-    build = build_family(args.out, recipe, seed=args.seed)
+    build = build_family(args.out, recipe, seed=args.seed, jobs=args.jobs)
     summary = build.to_json()
     summary.pop("training")
     summary.pop("recipe")
