@@ -239,6 +239,9 @@ def collate(
     )
 
 
+_LOG_EVERY = 50  # steps between progress lines when there is no progress bar
+
+
 def _batches(n: int, batch_size: int, steps: int, rng: np.random.Generator) -> Iterator[list[int]]:
     """Index batches from consecutive shuffled passes over the data (a short last batch is
     completed from the next pass, so every step has the same shape)."""
@@ -328,6 +331,18 @@ def train_drafter(
         result.proxy_tau.append(proxy.tokens_per_block)
         result.proxy_by_position = proxy.by_position
         bar.set_postfix(loss=f"{result.losses[-1]:.3f}", proxy_tau=f"{proxy.tokens_per_block:.2f}")
+        done = len(result.losses)
+        if not progress and (done % _LOG_EVERY == 0 or done == steps):
+            # No bar (a worker process, a log file): say how far training got.
+            recent = result.losses[-_LOG_EVERY:]
+            log.info(
+                "draft_train.step",
+                step=done,
+                steps=steps,
+                loss=round(sum(recent) / len(recent), 4),
+                proxy_tau=round(proxy.tokens_per_block, 3),
+                elapsed_s=round(time.perf_counter() - t1, 1),
+            )
     result.train_s = time.perf_counter() - t1
     result.epochs = steps * batch_size / len(examples)
     drafter.eval()

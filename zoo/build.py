@@ -102,6 +102,8 @@ class MemberJob:
 
 @dataclass
 class MemberResult:
+    """What one family's stages wrote, and their wall times."""
+
     family: Family
     target_dir: Path
     training: TrainResult

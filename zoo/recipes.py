@@ -103,7 +103,7 @@ CPU = FamilyRecipe(
 # (`prompts` takes exactly the first 8,595, so a few prompts at the edge differ).
 SHIPPED = FamilyRecipe(
     name="shipped",
-    summary="the settings of the embedded family (GPU-sized: about 10 hours on 2 CPU cores)",
+    summary="the settings of the embedded family (GPU-sized: about 8 hours on 2 CPU cores)",
     corpus_size=3_000_000,
     targets={
         "qwen3": TargetRecipe(steps=1500, batch_size=8, seq_len=512, lr=2e-3),

@@ -110,14 +110,14 @@ class DecoderStack:
         return self.lm_head(self.inner.norm(h))
 
 
-def training_logits(adapter: Any, tokens: mx.array, math: TrainingMath) -> mx.array:
-    """Logits of a batch of unpadded sequences [B, T] through a fresh `adapter` (a
-    `DecoderStack` built on the model being trained) with fresh caches, its attention and MLP
-    activation taken from `math`: the function mlx-lm's forward computes, in differentiable
-    MLX ops that run fast on the CPU (`toolflash.kernels.training_math`; the hybrid's
-    recurrence in toolflash's chunked form, not mlx-lm's loop over every position)."""
-    adapter.attention_kernel = math.attention
-    adapter.mlp_activation = math.silu
+def training_logits(adapter: Any, tokens: mx.array, ops: TrainingMath) -> mx.array:
+    """Logits of a batch of unpadded sequences [B, T] through `adapter` (a `DecoderStack`
+    built for this call on the model being trained: its attention and MLP activation are set
+    to `ops`') with fresh caches. This is the function mlx-lm's forward computes, in
+    differentiable MLX ops that run fast on the CPU (`toolflash.kernels.training_math`; the
+    hybrid's recurrence in toolflash's chunked form, not mlx-lm's loop over every position)."""
+    adapter.attention_kernel = ops.attention
+    adapter.mlp_activation = ops.silu
     return adapter.forward(tokens, adapter.make_cache()).logits
 
 

@@ -37,7 +37,11 @@ class Qwen3Target(DecoderStack):
         mask = create_attention_mask(h, cache[0])
         captured = []
         for i, (layer, c) in enumerate(zip(self.layers, cache)):
-            if position_shift or self.attention_kernel is not None or self.mlp_activation:
+            if (
+                position_shift
+                or self.attention_kernel is not None
+                or self.mlp_activation is not None
+            ):
                 x = layer.input_layernorm(h)
                 attn = layer.self_attn
                 h = h + qwen3_attention_at(attn, x, mask, c, position_shift, self.attention_kernel)
