@@ -12,8 +12,8 @@ from toolflash.engine.factory import assets_dir, build_engine
 
 # Measured tau on the fixed prompt below minus a margin (see MODEL_CARD.md); a broken feature
 # wiring, label shift or rollback bug drops it to ~1.0.
-TAU_FLOOR = {"qwen3-tiny": 1.05, "qwen35-tiny": 2.0}  # measured 1.15 and 10.0
-PROMPT = "Explain the function _find_exe in the distutils._msvccompiler module."
+TAU_FLOOR = {"qwen3-tiny": 1.3, "qwen35-tiny": 4.0}  # measured 1.66 and 7.0 (49 and 36 tokens)
+PROMPT = "What does `email.parser.__init__` do?"  # held out; both targets answer > 16 tokens
 
 
 def run(engine: Any, mode: str) -> tuple[list[int], Any]:

@@ -29,6 +29,7 @@ import structlog
 
 from toolflash.zoo.corpus import build_corpus, record_size
 from toolflash.zoo.drafters import DRAFTER_SUFFIX, build_drafter, write_drafter_prompts
+from toolflash.zoo.manifest import family_files
 from toolflash.zoo.recipes import CPU, DrafterRecipe, FamilyRecipe, TargetRecipe
 from toolflash.zoo.records import Record
 from toolflash.zoo.target_configs import DIR_NAMES, Family
@@ -57,6 +58,7 @@ class FamilyBuild:
     corpus_digest: str = ""
     jobs: int = 1
     wall_seconds: float = 0.0
+    files: dict[str, str] = field(default_factory=dict)  # `manifest.family_files`, at the end
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -77,6 +79,7 @@ class FamilyBuild:
             "wall_seconds": self.wall_seconds,
             "training": {k: asdict(v) for k, v in self.training.items()},
             "drafters": self.drafters,
+            "files": self.files,
         }
 
 
@@ -160,6 +163,7 @@ def build_family(
         build.wall_seconds = round(time.perf_counter() - start, 1)
         _save(build)
     build.wall_seconds = round(time.perf_counter() - start, 1)
+    build.files = family_files(out)
     _save(build)
     log.info("zoo.build.done", out=str(out), wall_s=build.wall_seconds, stages=build.stage_seconds)
     return build
@@ -262,11 +266,3 @@ def _stage(build: FamilyBuild, name: str) -> Iterator[None]:
 
 def _save(build: FamilyBuild) -> None:
     (build.root / "build.json").write_text(json.dumps(build.to_json(), indent=2))
-
-
-def family_size_mb(root: Path) -> float:
-    """Total size of the model and tokenizer files under `root` (what would ship)."""
-    names = {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
-             "special_tokens_map.json", "chat_template.jinja"}  # fmt: skip
-    total = sum(p.stat().st_size for p in root.rglob("*") if p.name in names)
-    return round(total / 1e6, 2)

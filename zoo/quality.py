@@ -1,4 +1,5 @@
-"""Quick quality checks on a target's samples: do its tool calls and JSON answers parse?"""
+"""Quality checks on a target: do its samples' tool calls and JSON answers parse, and how well
+does it predict the reference answers of held-out prompts?"""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from toolflash.zoo.records import ToolCallFormat
+from toolflash.zoo.records import Prompt, ToolCallFormat
 
 _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _FENCE = re.compile(r"```(?:json)?\n(.*?)\n```", re.S)
@@ -56,3 +57,68 @@ def parses_as_json(text: str) -> bool:
     except json.JSONDecodeError:
         return False
     return True
+
+
+@dataclass(frozen=True)
+class ReferenceScore:
+    """How well a target predicts the corpus's reference answers to held-out prompts of a kind:
+    mean negative log-likelihood and top-1 accuracy per answer token, teacher-forced after the
+    whole prompt (tools list and all), so it measures the answer conditioned on the request."""
+
+    kind: str
+    prompts: int
+    answer_tokens: int
+    nll: float
+    top1: float
+    mean_context: int
+
+
+def reference_tokens(prompt: Prompt, tokenizer: Any) -> tuple[list[int], int]:
+    """The prompt followed by its reference answer, as ids, and where the answer starts.
+
+    The answer starts where the rendered conversation leaves the rendered prompt (the template
+    may render a past assistant turn's opening differently from the generation prompt).
+    """
+    if prompt.reference is None:
+        raise ValueError("the prompt has no reference answer")
+    prompt_ids = tokenizer.encode(prompt.render(tokenizer), add_special_tokens=False)
+    full_text = tokenizer.apply_chat_template(
+        [*prompt.messages, prompt.reference], tokenize=False, **prompt.chat_kwargs()
+    )
+    full_ids = tokenizer.encode(full_text, add_special_tokens=False)
+    start = 0
+    while start < min(len(prompt_ids), len(full_ids)) and prompt_ids[start] == full_ids[start]:
+        start += 1
+    return list(full_ids), max(start, 1)
+
+
+def score_references(model: Any, tokenizer: Any, prompts: list[Prompt]) -> list[ReferenceScore]:
+    """`ReferenceScore` per prompt kind (in first-seen order) for an mlx-lm `model`."""
+    import mlx.core as mx
+
+    sums: dict[str, list[float]] = {}
+    for prompt in prompts:
+        ids, start = reference_tokens(prompt, tokenizer)
+        tokens = mx.array(ids)[None]
+        logits = model(tokens[:, :-1])[0, start - 1 :].astype(mx.float32)
+        labels = tokens[0, start:]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        nll = -mx.take_along_axis(logprobs, labels[:, None], axis=-1).sum()
+        hits = (mx.argmax(logits, axis=-1) == labels).sum()
+        acc = sums.setdefault(prompt.kind, [0.0, 0.0, 0.0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += labels.size
+        acc[2] += float(nll.item())  # type: ignore[arg-type]
+        acc[3] += float(hits.item())  # type: ignore[arg-type]
+        acc[4] += len(ids)
+    return [
+        ReferenceScore(
+            kind,
+            int(n),
+            int(tokens),
+            round(nll / tokens, 4),
+            round(hits / tokens, 4),
+            round(context / n),
+        )
+        for kind, (n, tokens, nll, hits, context) in sums.items()
+    ]

@@ -1,10 +1,11 @@
 """Named recipes for `toolflash zoo build`: every setting that decides what the family is.
 
 A recipe fixes the corpus size, each target's training run and each drafter's distillation
-and training, so that one name plus a seed regenerates a family. `cpu` is sized for about
-45 minutes on 2 CPU cores with OpenBLAS (the README's rebuild command); `shipped` holds the
-settings of the files under `toolflash/assets/tiny` (a GPU-sized job, hours on that CPU);
-`quick` is a smoke test of every stage in minutes.
+and training, so that one name plus a seed regenerates a family. `cpu` made the files under
+`toolflash/assets/tiny` in 38 minutes on 2 CPU cores with OpenBLAS (the README's rebuild
+command; `toolflash zoo compare` checks a rebuild against them); `h200` holds the settings of
+the first embedded family, trained on an H200 (hours on that CPU); `quick` is a smoke test of
+every stage in minutes.
 """
 
 from __future__ import annotations
@@ -80,30 +81,30 @@ class FamilyRecipe:
 # worker and one BLAS thread each) with the CPU-fast training math: a target step of 4 x 256
 # tokens ~0.5 s in each worker (in a 5-minute sweep, batch 4 x 256 reached a lower loss than
 # 8 x 256 or 4-8 x 512), distillation ~0.16 s a prompt, a drafter step of 16 sequences ~0.5 s
-# (qwen3) to ~1 s (the hybrid). The hybrid's chain (target, then drafter) is the longer one, so
-# the qwen3 drafter gets more steps in the same wall time. Drafters get steps rather than
-# prompts: below a few hundred steps they stay at loss ~5 whatever the lr.
+# (the hybrid) to ~1.3 s (qwen3). The qwen3 chain (target, then drafter) is the longer one, so
+# the hybrid's drafter gets twice the steps in the same wall time. Drafters get steps rather
+# than prompts: below a few hundred steps they stay at loss ~5 whatever the lr.
 CPU = FamilyRecipe(
     name="cpu",
-    summary="the whole family in about 45 minutes on 2 CPU cores (OpenBLAS); weaker than shipped",
+    summary="the embedded family: about 40 minutes on 2 CPU cores (OpenBLAS)",
     corpus_size=3_000_000,
     targets=dict.fromkeys(_BOTH, TargetRecipe(steps=2200, batch_size=4, seq_len=256, lr=3e-3)),
     drafters={
         "qwen3": DrafterRecipe(pool=600, steps=900, batch_size=16, lr=2e-3, max_prompt_tokens=1024),
         "qwen3_5": DrafterRecipe(
-            pool=600, steps=800, batch_size=16, lr=2e-3, max_prompt_tokens=1024
+            pool=800, steps=1800, batch_size=16, lr=2e-3, max_prompt_tokens=1024
         ),
     },
 )
 
-# The embedded family (toolflash/assets/tiny, MODEL_CARD.md): targets and drafters were trained
-# on an H200 with these settings, from the corpus this recipe builds (same digest). Both drafters
+# The first embedded family (until the `cpu` recipe's replaced it; MODEL_CARD.md has its
+# figures): targets and drafters were trained on an H200 with these settings, from the corpus this recipe builds (same digest). Both drafters
 # distilled a part of their pool where a device command's time ran out: qwen3 the first 42,000
 # prompts; the hybrid ~614 from each of 14 interleaved shards, i.e. the pool's first ~8,600
 # (`prompts` takes exactly the first 8,595, so a few prompts at the edge differ).
-SHIPPED = FamilyRecipe(
-    name="shipped",
-    summary="the settings of the embedded family (GPU-sized: about 8 hours on 2 CPU cores)",
+H200 = FamilyRecipe(
+    name="h200",
+    summary="the first embedded family's settings (GPU-sized: about 8 hours on 2 CPU cores)",
     corpus_size=3_000_000,
     targets={
         "qwen3": TargetRecipe(steps=1500, batch_size=8, seq_len=512, lr=2e-3),
@@ -125,4 +126,4 @@ QUICK = FamilyRecipe(
     ),
 )
 
-RECIPES: dict[str, FamilyRecipe] = {r.name: r for r in (CPU, SHIPPED, QUICK)}
+RECIPES: dict[str, FamilyRecipe] = {r.name: r for r in (CPU, H200, QUICK)}

@@ -66,7 +66,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "file": {"type": "string", "pattern": "^[a-z_/]+\\.py$"},
             "old": {"type": "string", "maxLength": 40},
             "new": {"type": "string", "maxLength": 40},
-            "line": {"type": ["integer", "null"]},
+            # Bounded: with an unbounded integer the tiny qwen3 writes digits until max_tokens.
+            "line": {"type": ["integer", "null"], "minimum": 1, "maximum": 99999},
         },
         "required": ["file", "old", "new"],
         "additionalProperties": False,

@@ -11,6 +11,7 @@ import pytest
 
 from toolflash.commands import zoo as zoo_command
 from toolflash.zoo.build import build_family
+from toolflash.zoo.manifest import compare_families, family_files
 from toolflash.zoo.recipes import CPU, RECIPES, DrafterRecipe, FamilyRecipe, TargetRecipe
 
 from .test_train_target import SMALL
@@ -89,6 +90,31 @@ def test_same_recipe_and_seed_give_the_same_files(two_builds: tuple[Path, Path])
     assert a == b
 
 
+def test_build_records_its_files_and_compare_finds_a_changed_one(
+    two_builds: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = two_builds
+    recorded = json.loads((a / "build.json").read_text())["files"]
+    assert recorded == family_files(a) and len(recorded) == 16  # 4 dirs; targets carry 6 files
+    assert zoo_command.run(_compare_args(a, b)) == 0
+    changed = b / "qwen35-tiny-dflash" / "config.json"
+    original = changed.read_bytes()
+    try:
+        changed.write_bytes(original + b" ")
+        assert zoo_command.run(_compare_args(a, b)) == 1
+    finally:
+        changed.write_bytes(original)
+    out = capsys.readouterr().out
+    assert "differs  qwen35-tiny-dflash/config.json" in out and "15/16 files identical" in out
+    assert compare_families({}, recorded)[0].status == "missing"
+
+
+def _compare_args(built: Path, reference: Path) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    zoo_command.add_arguments(parser)
+    return parser.parse_args(["compare", str(built), "--reference", str(reference)])
+
+
 def test_one_job_builds_in_process_what_a_worker_builds(
     two_builds: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -116,7 +142,7 @@ def test_cli_recipe_overrides() -> None:
     assert zoo_command.recipe_from_args(_args()) == CPU
     recipe = zoo_command.recipe_from_args(
         _args(
-            recipe="shipped",
+            recipe="h200",
             family=["qwen3_5"],
             steps_qwen35=7,
             draft_prompts=50,
@@ -124,25 +150,36 @@ def test_cli_recipe_overrides() -> None:
             distill_batch=2,
         )
     )
-    shipped = RECIPES["shipped"]
+    h200 = RECIPES["h200"]
     assert list(recipe.targets) == ["qwen3_5"] and list(recipe.drafters) == ["qwen3_5"]
     assert recipe.targets["qwen3_5"].steps == 7
-    assert recipe.targets["qwen3_5"].lr == shipped.targets["qwen3_5"].lr
+    assert recipe.targets["qwen3_5"].lr == h200.targets["qwen3_5"].lr
     drafter = recipe.drafters["qwen3_5"]
     assert (drafter.pool, drafter.prompts, drafter.steps, drafter.distill_batch) == (50, 50, 9, 2)
-    assert drafter.with_corpus == shipped.drafters["qwen3_5"].with_corpus
+    assert drafter.with_corpus == h200.drafters["qwen3_5"].with_corpus
     assert zoo_command.recipe_from_args(_args(targets_only=True)).drafters == {}
 
 
+def test_embedded_family_is_the_cpu_recipes_build() -> None:
+    """The embedded files are the ones their shipped build record lists, made by `cpu`."""
+    from toolflash.engine.factory import assets_dir
+
+    record = json.loads((assets_dir() / "build.json").read_text())
+    # Every setting (the summary is prose, edited after the build).
+    settings = json.loads(json.dumps(CPU.to_json()))
+    assert {**record["recipe"], "summary": CPU.summary} == settings
+    assert record["seed"] == 0 and record["jobs"] == 2
+    assert family_files(assets_dir()) == record["files"]
+
+
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
-def test_shipped_recipe_is_what_made_the_embedded_family(family: str) -> None:
+def test_embedded_training_logs_match_the_cpu_recipe(family: str) -> None:
     from toolflash.engine.factory import assets_dir
     from toolflash.zoo.target_configs import DIR_NAMES
 
-    recipe = RECIPES["shipped"]
     target_dir = assets_dir() / DIR_NAMES[family]  # type: ignore[index]
     trained = json.loads((target_dir / "training.json").read_text())
-    target = recipe.targets[family]  # type: ignore[index]
+    target = CPU.targets[family]  # type: ignore[index]
     assert (trained["steps"], trained["batch_size"], trained["seq_len"]) == (
         target.steps,
         target.batch_size,
@@ -151,8 +188,8 @@ def test_shipped_recipe_is_what_made_the_embedded_family(family: str) -> None:
     report = json.loads(
         (target_dir.parent / f"{target_dir.name}-dflash/training_report.json").read_text()
     )
-    drafter = recipe.drafters[family]  # type: ignore[index]
-    assert report["data"]["prompts"] == drafter.prompts
+    drafter = CPU.drafters[family]  # type: ignore[index]
+    assert report["data"]["prompts"] == (drafter.prompts or drafter.pool)
     assert report["data"]["max_new_tokens"] == drafter.max_new_tokens
     assert report["train_config"]["steps"] == drafter.steps
     assert report["train_config"]["batch_size"] == drafter.batch_size
