@@ -115,10 +115,10 @@ def score_references(model: Any, tokenizer: Any, prompts: list[Prompt]) -> list[
         ReferenceScore(
             kind,
             int(n),
-            int(tokens),
-            round(nll / tokens, 4),
-            round(hits / tokens, 4),
+            int(answered),
+            round(nll / answered, 4),
+            round(hits / answered, 4),
             round(context / n),
         )
-        for kind, (n, tokens, nll, hits, context) in sums.items()
+        for kind, (n, answered, nll, hits, context) in sums.items()
     ]

@@ -97,8 +97,8 @@ CPU = FamilyRecipe(
     },
 )
 
-# The first embedded family (until the `cpu` recipe's replaced it; MODEL_CARD.md has its
-# figures): targets and drafters were trained on an H200 with these settings, from the corpus this recipe builds (same digest). Both drafters
+# The first embedded family (replaced by the `cpu` recipe's output on 2026-12-04; MODEL_CARD.md
+# has its figures): targets and drafters were trained on an H200 with these settings, from the corpus this recipe builds (same digest). Both drafters
 # distilled a part of their pool where a device command's time ran out: qwen3 the first 42,000
 # prompts; the hybrid ~614 from each of 14 interleaved shards, i.e. the pool's first ~8,600
 # (`prompts` takes exactly the first 8,595, so a few prompts at the edge differ).

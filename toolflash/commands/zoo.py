@@ -1,4 +1,5 @@
-"""`toolflash zoo`: build the tiny model family from scratch, or print greedy samples from it.
+"""`toolflash zoo`: build the tiny model family from scratch, sample and score its targets, and
+compare a build with the embedded family.
 
 Usage:
     toolflash zoo build --out DIR [--recipe cpu|h200|quick] [--seed S] [--jobs N] [--family F]
@@ -156,6 +157,9 @@ def _score(args: argparse.Namespace) -> int:
     from toolflash.zoo.drafters import held_out_prompts
     from toolflash.zoo.quality import score_references
 
+    for model_dir in args.model:
+        if not (model_dir / "config.json").is_file():
+            raise SystemExit(f"toolflash zoo score: not a model directory: {model_dir}")
     prompts = held_out_prompts(args.n)
     for model_dir in args.model:
         loaded = load(str(model_dir))
