@@ -15,17 +15,9 @@ from typing import Literal
 
 from toolflash.zoo.drafters import DRAFTER_SUFFIX
 from toolflash.zoo.target_configs import DIR_NAMES
+from toolflash.zoo.tokenizer import TOKENIZER_FILES
 
-SHIPPED_NAMES = frozenset(
-    {
-        "model.safetensors",
-        "config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        "chat_template.jinja",
-    }
-)
+SHIPPED_NAMES = frozenset({"model.safetensors", "config.json", *TOKENIZER_FILES})
 MODEL_DIRS = tuple(d + suffix for d in DIR_NAMES.values() for suffix in ("", DRAFTER_SUFFIX))
 
 

@@ -95,30 +95,30 @@ def reference_tokens(prompt: Prompt, tokenizer: Any) -> tuple[list[int], int]:
 def score_references(model: Any, tokenizer: Any, prompts: list[Prompt]) -> list[ReferenceScore]:
     """`ReferenceScore` per prompt kind (in first-seen order) for an mlx-lm `model`."""
     import mlx.core as mx
+    import mlx.nn as nn
 
-    sums: dict[str, list[float]] = {}
+    # Per kind, per prompt: (answer tokens, summed NLL, top-1 hits, context length).
+    rows: dict[str, list[tuple[int, float, float, int]]] = {}
     for prompt in prompts:
         ids, start = reference_tokens(prompt, tokenizer)
         tokens = mx.array(ids)[None]
         logits = model(tokens[:, :-1])[0, start - 1 :].astype(mx.float32)
         labels = tokens[0, start:]
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        nll = -mx.take_along_axis(logprobs, labels[:, None], axis=-1).sum()
+        nll = nn.losses.cross_entropy(logits, labels, reduction="sum")
         hits = (mx.argmax(logits, axis=-1) == labels).sum()
-        acc = sums.setdefault(prompt.kind, [0.0, 0.0, 0.0, 0.0, 0.0])
-        acc[0] += 1
-        acc[1] += labels.size
-        acc[2] += float(nll.item())  # type: ignore[arg-type]
-        acc[3] += float(hits.item())  # type: ignore[arg-type]
-        acc[4] += len(ids)
-    return [
-        ReferenceScore(
-            kind,
-            int(n),
-            int(answered),
-            round(nll / answered, 4),
-            round(hits / answered, 4),
-            round(context / n),
+        row = (labels.size, float(nll.item()), float(hits.item()), len(ids))  # type: ignore[arg-type]
+        rows.setdefault(prompt.kind, []).append(row)
+    scores = []
+    for kind, kind_rows in rows.items():
+        answered, nll_sum, hit_sum, context = (sum(column) for column in zip(*kind_rows))
+        scores.append(
+            ReferenceScore(
+                kind,
+                len(kind_rows),
+                int(answered),
+                round(nll_sum / answered, 4),
+                round(hit_sum / answered, 4),
+                round(context / len(kind_rows)),
+            )
         )
-        for kind, (n, answered, nll, hits, context) in sums.items()
-    ]
+    return scores

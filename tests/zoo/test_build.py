@@ -110,9 +110,13 @@ def test_build_records_its_files_and_compare_finds_a_changed_one(
 
 
 def _compare_args(built: Path, reference: Path) -> argparse.Namespace:
+    return _parse("compare", str(built), "--reference", str(reference))
+
+
+def _parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     zoo_command.add_arguments(parser)
-    return parser.parse_args(["compare", str(built), "--reference", str(reference)])
+    return parser.parse_args(argv)
 
 
 def test_one_job_builds_in_process_what_a_worker_builds(
@@ -130,9 +134,7 @@ def test_one_job_builds_in_process_what_a_worker_builds(
 
 
 def _args(**overrides: object) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    zoo_command.add_arguments(parser)
-    args = parser.parse_args(["build", "--out", "x"])
+    args = _parse("build", "--out", "x")
     for key, value in overrides.items():
         setattr(args, key, value)
     return args

@@ -150,10 +150,19 @@ def run(args: argparse.Namespace) -> int:
     return _sample(args)
 
 
-def _score(args: argparse.Namespace) -> int:
+def _load_target(model_dir: Path) -> tuple[Any, Any]:
+    """An mlx-lm target and its tokenizer, in float32 (stored bf16; CPU matmuls are fast only
+    in float32)."""
     import mlx.core as mx
     from mlx_lm import load
 
+    loaded = load(str(model_dir))
+    model, tokenizer = loaded[0], loaded[1]
+    model.set_dtype(mx.float32)
+    return model, tokenizer
+
+
+def _score(args: argparse.Namespace) -> int:
     from toolflash.zoo.drafters import held_out_prompts
     from toolflash.zoo.quality import score_references
 
@@ -162,9 +171,7 @@ def _score(args: argparse.Namespace) -> int:
             raise SystemExit(f"toolflash zoo score: not a model directory: {model_dir}")
     prompts = held_out_prompts(args.n)
     for model_dir in args.model:
-        loaded = load(str(model_dir))
-        model, tokenizer = loaded[0], loaded[1]
-        model.set_dtype(mx.float32)
+        model, tokenizer = _load_target(model_dir)
         scores = score_references(model, tokenizer, prompts)
         print(
             json.dumps({"model": str(model_dir), "scores": [dataclasses.asdict(s) for s in scores]})
@@ -260,17 +267,14 @@ def recipe_from_args(args: argparse.Namespace) -> FamilyRecipe:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    import mlx.core as mx
-    from mlx_lm import generate, load
+    from mlx_lm import generate
 
     from toolflash.zoo.corpus import eval_prompts
     from toolflash.zoo.quality import check_tool_calls, parses_as_json
     from toolflash.zoo.records import Prompt
     from toolflash.zoo.tools_catalog import BY_NAME
 
-    loaded = load(str(args.model))
-    model, tokenizer = loaded[0], loaded[1]
-    model.set_dtype(mx.float32)  # stored bf16; CPU matmuls are fast only in float32
+    model, tokenizer = _load_target(args.model)
     if args.kind:
         prompts = eval_prompts(args.kind, n=args.n)
     else:
