@@ -110,6 +110,8 @@ class GenerationRequest:
     draft_length: DraftLength | None = None
     stop_token_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = ()
+    # Generate through the model's EOS tokens (fixed-length benchmarks; vLLM's `ignore_eos`).
+    ignore_eos: bool = False
     sampling: SamplingParams = SamplingParams()
     mode_plan: Mapping[int, Mode] = field(default_factory=dict)
     request_id: str = ""

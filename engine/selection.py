@@ -72,6 +72,13 @@ class TokenChooser(Protocol):
         """The next token from target logits [V] at the staged position (AR, and prefill)."""
         ...
 
+    def choice_ahead(self, logits: mx.array, ahead: int) -> mx.array | None:
+        """`choose` left on the device: the token from target logits [V] for the output
+        position `ahead` tokens after the committed ones, as a lazy int array, so an AR step
+        can queue the next forward before the host reads this token. None when choosing
+        needs the host (processors that follow the committed output)."""
+        ...
+
     def draft(self, drafter_logits: mx.array) -> Proposal:
         """A proposal from the drafter's logits [L-1, V] for block positions 1..L-1."""
         ...
@@ -145,6 +152,9 @@ class GreedyChooser:
         if self.processors:
             logits = apply_processors(self.processors, logits[None], ())[0][0]
         return host_int(mx.argmax(logits))
+
+    def choice_ahead(self, logits: mx.array, ahead: int) -> mx.array | None:
+        return None if self.processors else mx.argmax(logits)
 
     def draft(self, drafter_logits: mx.array) -> Proposal:
         for p in self.processors:

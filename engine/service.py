@@ -268,8 +268,9 @@ class DFlashEngine:
             chooser=build_chooser(request, self.target.vocab_size, self.tokenizer),
             logprobs=request.logprobs,
         )
+        eos_ids = frozenset() if request.ignore_eos else self.eos_ids
         matcher = StopMatcher(
-            self.eos_ids | request.stop_token_ids,
+            eos_ids | request.stop_token_ids,
             request.stop_strings,
             max_tokens,
             self.decode,
@@ -324,7 +325,9 @@ class DFlashEngine:
                 mode = request.mode_plan.get(len(cycles), mode) if self.drafter else "ar"
                 block = block_size if schedule is None else schedule.next_block(block_size)
                 block = min(block, matcher.remaining)
-                step = session.step(mode, block, matcher.check)
+                # An AR step queues the next one's forward unless this must be the last.
+                lookahead = mode == "ar" and matcher.remaining > 1
+                step = session.step(mode, block, matcher.check, lookahead)
                 cycles.append(step.record)
                 if schedule is not None:
                     schedule.observe(step.record)

@@ -25,6 +25,7 @@ import mlx.core as mx
 from .api import CycleRecord, Mode
 from .draft_context import DraftContext, DraftWindow
 from .drafter import DFlashDrafter
+from .host import host_int
 from .sampling.logprobs import RawLogprob, token_logprobs
 from .selection import GreedyChooser, Proposal, TokenChooser
 from .sparse import Lineage, SparseLineageError, SparseSelection
@@ -36,6 +37,14 @@ from .targets.base import ForwardResult, TargetAdapter, cache_offset
 StopCheck = Callable[[Sequence[int]], "int | None"]
 # The drafter's logits [1, block_size - 1, V] for block positions 1..L-1 in the current state.
 Proposer = Callable[["GenerationSession", int], mx.array]
+
+
+@dataclass(frozen=True)
+class _QueuedStep:
+    """An AR forward on the device: the staged token fed, the next token chosen lazily."""
+
+    result: ForwardResult
+    choice: mx.array | None  # None: the chooser needs the host
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,10 @@ class GenerationSession:
         # rotates at cache length + shift. Their state is never reusable (lineage "sparse").
         self.lineage: Lineage = "dense"
         self.position_shift = 0
+        # An AR forward queued ahead of the host (`step(..., lookahead=True)`), and when the
+        # step that queued it ended.
+        self._ahead: _QueuedStep | None = None
+        self._ahead_since: float | None = None
 
     @property
     def staged(self) -> int:
@@ -183,6 +196,7 @@ class GenerationSession:
         a sparse-prefill state must never be reused by a dense request."""
         if self.lineage != "dense":
             raise SparseLineageError("a sparse-prefill session has no reusable state")
+        self.drain()
         assert self.last_logits is not None
         fed = tuple(self._prefilled) if not self.tokens else tuple(self.tokens[: self.fed])
         draft = self.draft_ctx.export_state() if self.draft_ctx is not None else None
@@ -201,33 +215,92 @@ class GenerationSession:
         self._prefilled = list(state.tokens)
 
     # -- decode ------------------------------------------------------------------------
-    def step(self, mode: Mode, block_size: int, stop_check: StopCheck) -> StepResult:
-        """Advance by one speculative cycle (`spec`) or one target-only step (`ar`)."""
-        if mode == "spec" and self.draft_ctx is not None and block_size > 1:
-            return self._spec_cycle(block_size, stop_check)
-        return self._ar_step(stop_check)
+    def step(
+        self, mode: Mode, block_size: int, stop_check: StopCheck, lookahead: bool = False
+    ) -> StepResult:
+        """Advance by one speculative cycle (`spec`) or one target-only step (`ar`).
 
-    def _ar_step(self, stop_check: StopCheck) -> StepResult:
-        t0 = time.perf_counter()
-        if self.ar_forced_limit > 0:
-            proposal = self.chooser.forced(self.ar_forced_limit)
-            if proposal is not None:
-                return self._ar_forced_run(proposal, stop_check, t0)
+        `lookahead` (AR): queue the next AR step's forward on the device before this step's
+        token is read, as mlx-lm's `generate_step` does, so the next step's compute overlaps
+        the caller's work between steps. If the next call is not an AR step, or this token
+        ends the generation, the queued forward is undone first (`drain`): no token is lost
+        and the cache holds exactly what plain AR would."""
+        if mode == "spec" and self.draft_ctx is not None and block_size > 1:
+            self.drain()
+            return self._spec_cycle(block_size, stop_check)
+        return self._ar_step(stop_check, lookahead)
+
+    def drain(self) -> None:
+        """Undo a queued AR forward (the cache then ends right before the staged token)."""
+        ahead = self._ahead
+        if ahead is not None:
+            self._ahead = None
+            self._ahead_since = None
+            self.target.rollback(self.cache, ahead.result, 0)
+
+    def _queue_ar(self, token: mx.array, ahead: int) -> _QueuedStep:
+        """Feed `token` (the staged one, maybe still on the device) to the target and choose
+        the next token on the device, starting its evaluation at once. The choice is None
+        when the chooser needs the host (then nothing was evaluated yet)."""
         res = self.target.forward(
-            mx.array([[self.staged]]), self.cache, self.capture, position_shift=self.position_shift
+            token.reshape(1, 1), self.cache, self.capture, position_shift=self.position_shift
         )
+        choice = self.chooser.choice_ahead(res.logits[0, -1], ahead)
+        if choice is not None:
+            mx.async_eval(choice, *([res.features] if res.features is not None else []))
+        return _QueuedStep(res, choice)
+
+    def _ar_step(self, stop_check: StopCheck, lookahead: bool = False) -> StepResult:
+        t0 = time.perf_counter()
+        current = self._ahead
+        if current is None:
+            if self.ar_forced_limit > 0:
+                proposal = self.chooser.forced(self.ar_forced_limit)
+                if proposal is not None:
+                    return self._ar_forced_run(proposal, stop_check, t0)
+            current = self._queue_ar(mx.array(self.staged), 0)
+            if current.choice is None:
+                return self._ar_step_on_host(current.result, stop_check, t0)
+        choice = current.choice
+        assert choice is not None
+        # The next step's forward goes in before this token is read: its input is the
+        # still-lazy choice, so the device runs straight on while the host reads.
+        self._ahead = self._queue_ar(choice, 1) if lookahead else None
+        token = host_int(choice)
+        res = current.result
+        self.last_logits = res.logits[0, -1]
+        if self.draft_ctx is not None and res.features is not None:
+            self.draft_ctx.add_features(res.features)
+        t1 = time.perf_counter()
+        # A pipelined step's cost is the interval since the previous one ended (its forward
+        # started then); an unpipelined step's is its own duration.
+        verify_s = t1 - (self._ahead_since if self._ahead_since is not None else t0)
+        self._ahead_since = t1 if self._ahead is not None else None
+        end = self._commit_ar(token, stop_check)
+        if end is not None:
+            self.drain()
+        logprobs = self._logprobs(self.last_logits[None], [token])
+        return self._finish_step("ar", 1, 0, 0, [token], end, 0.0, verify_s, 0.0, logprobs)
+
+    def _ar_step_on_host(self, res: ForwardResult, stop_check: StopCheck, t0: float) -> StepResult:
+        """An AR step whose choice needs the host (processors that follow the output)."""
         self.last_logits = res.logits[0, -1]
         if self.draft_ctx is not None and res.features is not None:
             self.draft_ctx.add_features(res.features)
             mx.eval(self.last_logits, res.features)
         token = self.chooser.choose(self.last_logits)
         t1 = time.perf_counter()
+        end = self._commit_ar(token, stop_check)
+        logprobs = self._logprobs(self.last_logits[None], [token])
+        return self._finish_step("ar", 1, 0, 0, [token], end, 0.0, t1 - t0, 0.0, logprobs)
+
+    def _commit_ar(self, token: int, stop_check: StopCheck) -> int | None:
+        """Commit one AR token (the staged one is now fed); the stop check's verdict."""
         self.fed += 1
         end = stop_check([token])
         self.tokens.append(token)
         self.chooser.commit([token])
-        logprobs = self._logprobs(self.last_logits[None], [token])
-        return self._finish_step("ar", 1, 0, 0, [token], end, 0.0, t1 - t0, 0.0, logprobs)
+        return end
 
     def _ar_forced_run(self, proposal: Proposal, stop_check: StopCheck, t0: float) -> StepResult:
         """AR over a grammar-forced run of k tokens in one forward: feed the staged token and

@@ -13,7 +13,7 @@ from toolflash.bench import BenchPrompt, format_report, run_benchmark
 
 @pytest.fixture(autouse=True)
 def no_mlx_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench, "_machine", lambda: {"device": "fake", "blas": "none"})
+    monkeypatch.setattr(bench, "machine_info", lambda: {"device": "fake", "blas": "none"})
 
 
 def test_every_kind_at_every_temperature_side_by_side() -> None:

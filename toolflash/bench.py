@@ -228,13 +228,13 @@ def run_benchmark(
         "temperatures": list(temperatures),
         "draft_lengths": list(draft_lengths),
         "seed": seed,
-        "machine": _machine(),
+        "machine": machine_info(),
         "wall_s": round(time.perf_counter() - t0, 1),
         "kinds": [asdict(r) for r in results],
     }
 
 
-def _machine() -> dict[str, Any]:
+def machine_info() -> dict[str, Any]:
     import mlx.core as mx
 
     from toolflash.blas import blas_in_use

@@ -71,6 +71,12 @@ class SamplingChooser:
         w = weights(shape_logits(rows, self.shaping))
         return host_int(sample(w, self.keys.key(CHOOSE, self.position))[0])
 
+    def choice_ahead(self, logits: mx.array, ahead: int) -> mx.array | None:
+        if self.processors:
+            return None
+        w = weights(shape_logits(logits[None], self.shaping))
+        return sample(w, self.keys.key(CHOOSE, self.position + ahead))[0]
+
     def draft(self, drafter_logits: mx.array) -> Proposal:
         x = drafter_logits
         for adjuster in self.proposal_adjusters:

@@ -63,7 +63,7 @@ class TargetAdapter(Protocol):
 
     def rollback(self, cache: list[Any], result: ForwardResult, keep: int) -> None:
         """Make `cache` hold only the first `keep` tokens of the forward `result` (which
-        must have been run with keep_tape=True and be the last forward on `cache`)."""
+        must be the last forward on `cache`, run with keep_tape=True unless `keep` is 0)."""
         ...
 
 

@@ -28,16 +28,19 @@ from .positional import qwen3_next_attention_at
 
 @dataclass
 class GdnTape:
-    """What one GatedDeltaNet layer needs to roll back inside the last forward."""
+    """What one GatedDeltaNet layer needs to roll back inside the last forward: to its start
+    always (references to arrays the forward computes anyway), to any step with `states`."""
 
     conv_input: mx.array  # [B, K-1+T, C]: previous conv state followed by this forward's qkv
-    states: Sequence[mx.array]  # recurrent state after each of the T steps
+    prior: mx.array  # recurrent state before the forward
+    states: Sequence[mx.array] = ()  # recurrent state after each of the T steps (keep_tape)
 
 
 def gated_delta_forward(
     layer: Any, x: mx.array, cache: ArraysCache, keep_tape: bool
-) -> tuple[mx.array, GdnTape | None]:
-    """mlx-lm's GatedDeltaNet forward for a batch without padding, with an optional tape."""
+) -> tuple[mx.array, GdnTape]:
+    """mlx-lm's GatedDeltaNet forward for a batch without padding, and its tape (per-step
+    states only with `keep_tape`)."""
     b, s, _ = x.shape
     qkv = layer.in_proj_qkv(x)
     z = layer.in_proj_z(x).reshape(b, s, layer.num_v_heads, layer.head_v_dim)
@@ -68,8 +71,7 @@ def gated_delta_forward(
     cache.advance(s)
     out = layer.norm(out, z)
     out = layer.out_proj(out.reshape(b, s, -1))
-    tape = GdnTape(conv_input=conv_input, states=states) if keep_tape else None
-    return out, tape
+    return out, GdnTape(conv_input, state, states if keep_tape else ())
 
 
 class Qwen35Target(DecoderStack):
@@ -101,9 +103,7 @@ class Qwen35Target(DecoderStack):
         for i, (layer, c) in enumerate(zip(self.layers, cache)):
             x = layer.input_layernorm(h)
             if layer.is_linear:
-                r, layer_tape = gated_delta_forward(layer.linear_attn, x, c, keep_tape)
-                if layer_tape is not None:
-                    tape[i] = layer_tape
+                r, tape[i] = gated_delta_forward(layer.linear_attn, x, c, keep_tape)
             elif position_shift or self.attention_kernel is not None:
                 attn = layer.self_attn
                 r = qwen3_next_attention_at(attn, x, mask, c, position_shift, self.attention_kernel)
@@ -130,4 +130,4 @@ class Qwen35Target(DecoderStack):
                 continue
             layer_tape: GdnTape = result.tape[i]
             c[0] = layer_tape.conv_input[:, keep : keep + self.conv_keep, :]
-            c[1] = layer_tape.states[keep - 1]
+            c[1] = layer_tape.states[keep - 1] if keep > 0 else layer_tape.prior

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,8 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--kinds", default=None, help="comma-separated kinds to run (default: all)")
     p.add_argument("--per-kind", type=int, default=4, help="prompts per kind")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--max-tokens", type=int, default=None, help="default 256 (128 with --baseline)")
+    p.add_argument("--repeats", type=int, default=None, help="default 1 (3 with --baseline)")
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument(
         "--draft-length",
@@ -35,6 +36,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="first seed of the sampled runs")
     p.add_argument("--json", dest="json_out", default=None, help="also write the report here")
+    p.add_argument(
+        "--baseline",
+        choices=["mlx-lm"],
+        default=None,
+        help="compare against plain mlx-lm AR (generate_step) in the same run: toolflash AR, "
+        "spec (fixed and adaptive draft length) and the default policy (cold and warm), "
+        "greedy, ratios to mlx-lm per kind (--max-tokens default 128, --repeats default 3)",
+    )
+    p.add_argument(
+        "--stop",
+        default="eos,length",
+        help="with --baseline: eos (natural end), length (EOS ignored), or both",
+    )
+    p.add_argument(
+        "--variants",
+        default=None,
+        help="with --baseline: comma list of ar, spec-fixed, spec-adaptive, policy-cold, "
+        "policy-warm (default: all)",
+    )
+    p.add_argument("--plot", default=None, help="with --baseline: write a PNG of the ratios")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,11 +85,13 @@ def run(args: argparse.Namespace) -> int:
     if not draft_lengths or any(d not in known for d in draft_lengths):
         raise SystemExit(f"--draft-length: one of {', '.join(known)} or a comma list of them")
     engine = build_engine(args.model, args.draft, block_size=args.block_size)
+    if args.baseline:
+        return _run_baseline(args, engine, selected)
     report = run_benchmark(
         engine,
         selected,
-        args.max_tokens,
-        args.repeats,
+        args.max_tokens or 256,
+        args.repeats or 1,
         temperatures,
         args.seed,
         draft_lengths,
@@ -76,4 +99,40 @@ def run(args: argparse.Namespace) -> int:
     print(format_report(report))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def _run_baseline(args: argparse.Namespace, engine: Any, prompts: list[Any]) -> int:
+    from toolflash.baseline_bench import (
+        VARIANTS,
+        format_comparison,
+        plot_comparison,
+        run_comparison,
+    )
+
+    stops = [s.strip() for s in args.stop.split(",") if s.strip()]
+    if not stops or any(s not in ("eos", "length") for s in stops):
+        raise SystemExit("--stop: eos, length or eos,length")
+    variants = tuple(VARIANTS)
+    if args.variants:
+        variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+        unknown = [v for v in variants if v not in VARIANTS]
+        if unknown:
+            raise SystemExit(
+                f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}"
+            )
+    report = run_comparison(
+        engine,
+        prompts,
+        max_tokens=args.max_tokens or 128,
+        repeats=args.repeats or 3,
+        stops=stops,  # type: ignore[arg-type]
+        variants=variants,
+        seed=args.seed,
+    )
+    print(format_comparison(report))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2))
+    if args.plot and not plot_comparison(report, args.plot):
+        print("--plot: matplotlib is not installed; no plot written", file=sys.stderr)
     return 0

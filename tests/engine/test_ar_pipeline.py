@@ -1,0 +1,171 @@
+"""Pipelined AR (the next step's forward queued before this token is read) against plain AR:
+the same tokens, the same stops, lossless switches to speculation and back, and a cache
+that afterwards holds exactly what plain AR leaves (no queued token left in it)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from toolflash.engine.api import GenerationRequest, Mode, SamplingParams
+from toolflash.engine.sampling import SamplingChooser
+from toolflash.engine.service import DFlashEngine
+from toolflash.engine.session import GenerationSession
+from toolflash.engine.state import export_cache
+from toolflash.engine.targets.qwen3 import Qwen3Target
+from toolflash.engine.targets.qwen3_5 import Qwen35Target
+
+from .tiny_models import drafter_for, qwen3_target, qwen35_target
+
+PROMPT = [3, 17, 42, 99, 7, 7, 250, 12, 64, 5, 88, 31]
+N_OUT = 48
+FAMILIES = {"qwen3": (qwen3_target, Qwen3Target), "qwen3_5": (qwen35_target, Qwen35Target)}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def pair(request: Any) -> tuple[Any, Any]:
+    make, adapter_cls = FAMILIES[request.param]
+    model = make()
+    return adapter_cls(model), drafter_for(model)
+
+
+def never(_: Sequence[int]) -> int | None:
+    return None
+
+
+def stop_after(n: int) -> Any:
+    """A stop check that ends the generation at the n-th output token (counting the first)."""
+    seen = [1]  # the prefill's token
+
+    def check(tokens: Sequence[int]) -> int | None:
+        for j in range(len(tokens)):
+            seen[0] += 1
+            if seen[0] == n:
+                return j
+        return None
+
+    return check
+
+
+def decode(
+    target: Any,
+    drafter: Any,
+    plan: Sequence[Mode],
+    lookahead: bool,
+    stop: Any = never,
+    chooser: Any = None,
+) -> GenerationSession:
+    """Run `plan` (one mode per step) from a fresh session; AR steps queue ahead when told."""
+    session = GenerationSession(target, drafter, chooser=chooser)
+    session.prefill(PROMPT)
+    for i, mode in enumerate(plan):
+        nxt = plan[i + 1] if i + 1 < len(plan) else None
+        step = session.step(mode, 8, stop, lookahead=lookahead and nxt == "ar")
+        if step.finished:
+            break
+    session.drain()
+    return session
+
+
+def cache_arrays(session: GenerationSession) -> list[np.ndarray]:
+    """Every array the target cache holds, trimmed to the tokens it covers."""
+    out = []
+    for layer in export_cache(session.cache):
+        for a in layer.arrays:
+            if a is not None:
+                out.append(np.array(a))
+    return out
+
+
+def same_cache(a: GenerationSession, b: GenerationSession) -> bool:
+    xs, ys = cache_arrays(a), cache_arrays(b)
+    return len(xs) == len(ys) and all(
+        x.shape == y.shape and np.allclose(x, y, atol=1e-5) for x, y in zip(xs, ys)
+    )
+
+
+def test_pipelined_ar_equals_plain_ar(pair: Any) -> None:
+    target, drafter = pair
+    plain = decode(target, drafter, ["ar"] * N_OUT, lookahead=False)
+    piped = decode(target, drafter, ["ar"] * N_OUT, lookahead=True)
+    assert piped.tokens == plain.tokens
+    assert piped.fed == plain.fed == len(plain.tokens) - 1
+    assert same_cache(piped, plain)
+
+
+@pytest.mark.parametrize("stop_at", [2, 3, 9, 17, 30])
+def test_stop_at_any_position_leaves_no_queued_token(pair: Any, stop_at: int) -> None:
+    target, drafter = pair
+    plain = decode(target, drafter, ["ar"] * N_OUT, lookahead=False, stop=stop_after(stop_at))
+    piped = decode(target, drafter, ["ar"] * N_OUT, lookahead=True, stop=stop_after(stop_at))
+    assert len(piped.tokens) == len(PROMPT) + stop_at
+    assert piped.tokens == plain.tokens
+    assert piped.fed == plain.fed
+    assert same_cache(piped, plain)
+    # The exported state (what the prefix cache publishes) covers exactly the fed tokens.
+    assert piped.export_state().tokens == tuple(plain.tokens[: plain.fed])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_switches_ar_spec_ar_at_any_step(pair: Any, seed: int) -> None:
+    target, drafter = pair
+    rng = random.Random(seed)
+    plan: list[Mode] = [rng.choice(["ar", "ar", "spec"]) for _ in range(N_OUT)]  # type: ignore[misc]
+    reference = decode(target, drafter, ["ar"] * (N_OUT * 8), lookahead=False)
+    piped = decode(target, drafter, plan, lookahead=True)
+    n = len(piped.tokens)
+    assert piped.tokens == reference.tokens[:n]
+    plain = decode(target, drafter, plan, lookahead=False)
+    assert plain.tokens == piped.tokens
+    assert same_cache(piped, plain)
+
+
+def test_cancel_mid_run_then_resume_from_exported_state(pair: Any) -> None:
+    """A consumer that stops after a pipelined step: the state it exports resumes exactly."""
+    target, drafter = pair
+    reference = decode(target, drafter, ["ar"] * N_OUT, lookahead=False)
+    session = GenerationSession(target, drafter)
+    session.prefill(PROMPT)
+    for _ in range(11):
+        session.step("ar", 8, never, lookahead=True)
+    state = session.export_state()  # drains the queued forward
+    resumed = GenerationSession(target, drafter)
+    resumed.prefill(list(session.tokens), restore=state)
+    assert state.tokens == tuple(session.tokens[:-1])
+    assert resumed.tokens == reference.tokens[: len(session.tokens) + 1]
+
+
+def test_sampled_pipelined_ar_draws_the_same_tokens(pair: Any) -> None:
+    target, drafter = pair
+    params = SamplingParams(temperature=0.8, seed=5)
+    plain = decode(target, drafter, ["ar"] * N_OUT, False, chooser=SamplingChooser(params))
+    piped = decode(target, drafter, ["ar"] * N_OUT, True, chooser=SamplingChooser(params))
+    assert piped.tokens == plain.tokens
+
+
+def test_engine_generate_pipelined_equals_step_by_step(pair: Any) -> None:
+    """Through the engine (which queues ahead in AR), the output equals unpipelined steps."""
+    target, drafter = pair
+
+    class _Tok:
+        eos_token_ids = ()
+        chat_template = ""
+
+        def decode(self, ids: Sequence[int]) -> str:
+            return " ".join(map(str, ids))
+
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return [int(t) for t in text.split()]
+
+    engine = DFlashEngine(target, _Tok(), drafter, "m", "d", context_length=4096)
+    for max_tokens in (1, 2, 5, 20):
+        request = GenerationRequest(prompt_tokens=tuple(PROMPT), max_tokens=max_tokens, mode="ar")
+        out = [t for e in engine.generate(request) for t in getattr(e, "token_ids", ())]
+        plain = decode(target, drafter, ["ar"] * max_tokens, lookahead=False)
+        assert out == plain.tokens[len(PROMPT) : len(PROMPT) + max_tokens]
+    mx.clear_cache()
