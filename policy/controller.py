@@ -44,6 +44,7 @@ from toolflash.policy.request_class import RequestClass
 from .config import EffectivePolicy, PolicyConfig, SpanRule
 from .estimates import UNKNOWN, Clock, Estimates, Surplus, Throughput
 from .explore import Arm, Backoff, Probe, arm_name, p_better, probe_reason
+from .measure import observe_step, step_seconds
 from .request_evidence import OpeningBackoff, RequestEvidence, local_verdict
 from .spans import SPAN_KINDS, SpanTracker
 from .store import PolicyStore
@@ -334,12 +335,7 @@ class PolicyController:
 
     def after_step(self, record: CycleRecord, token_ids: Sequence[int], text: str) -> ModeDecision:
         now = time.perf_counter()
-        seconds = record.total_s
-        if self.timing_wall:
-            # Per-step work outside the cycle (detokenizing, stop matching, this controller,
-            # event delivery) is paid per step, so spec amortizes it; count it. Clipped, so
-            # a consumer that stalls between events does not read as slow decoding.
-            seconds = min(now - self._t_last, 2.0 * record.total_s) or record.total_s
+        seconds = step_seconds(record, now, self._t_last, self.timing_wall)
         self._t_last = now
         span = self.spans.kind
         self._observe(record, span, seconds)
@@ -502,74 +498,11 @@ class PolicyController:
     def _apply(
         self, record: CycleRecord, span: str, seconds: float, arm: Arm, selected: bool
     ) -> None:
-        """One step's measurement into the estimates; `arm` is the one it ran under."""
-        mode = record.mode
-        # A cycle cut short by max_tokens ran a smaller block than decided: not comparable.
-        full = mode == "ar" or record.block_size == arm[1]
-        if selected:
-            seconds = 0.0  # selected by this request's acceptance: not the class's measure
-        if seconds > 0 and record.forced > 0:
-            # A grammar-forced run: no drafter, one forward of the fixed stretch (a spec cycle
-            # shorter than the block, or an AR step that committed the run and one more token).
-            # Not a measure of the drafter's tau, a block's cycle time or a one-token AR step,
-            # but part of what either arm delivers here: each arm's estimate mixes its forced
-            # runs in at their measured share (Estimates.with_forced, Estimates.ar).
-            self.est.observe_forced(
-                self.model_id,
-                self.label,
-                span,
-                record.committed,
-                seconds,
-                mode,
-                block_size=arm[1] if mode == "spec" else None,
-            )
-        elif (
-            seconds > 0
-            and mode == "spec"
-            and record.drafted > 0
-            and arm[0] == "spec"
-            and record.block_size <= arm[1]
-            and (
-                record.draft_cut
-                or (record.block_size < arm[1] and record.accepted < record.drafted)
-            )
-        ):
-            # A cycle shorter than the arm's block that says what the block would have
-            # committed: the grammar ended the draft (nothing further allowed), or the draft
-            # missed inside a block that the engine's adaptive draft length shrank after
-            # rejected drafts (or that max_tokens cut). A shorter draft accepted whole says
-            # only "at least this much": left out. Leaving the shrunk cycles out altogether
-            # kept the first two cycles of a stretch where drafts miss and every cycle where
-            # they land, so a span where most of the class's drafts missed still read as
-            # paying; dropping grammar-cut drafts biased constrained spans' tau down. The
-            # time is a shorter block's, not a measure of the arm's block.
-            rule = self.policy.rule(self.label, span)
-            self.est.observe_spec(
-                self.model_id,
-                self.label,
-                span,
-                arm[1],
-                record.accepted,
-                None,
-                record.context_len,
-                rule.block_sizes,
-            )
-        elif seconds > 0 and full:
-            if mode == "spec" and record.drafted > 0:
-                rule = self.policy.rule(self.label, span)
-                self.est.observe_spec(
-                    self.model_id,
-                    self.label,
-                    span,
-                    record.block_size,
-                    record.accepted,
-                    seconds,
-                    record.context_len,
-                    rule.block_sizes,
-                )
-            elif mode == "ar":
-                scope = (self.model_id, self.label, span)
-                self.est.observe_ar(self.model_id, seconds, record.context_len, scope)
+        """One step's measurement into the estimates (`measure.observe_step`); `arm` is the
+        one it ran under."""
+        observe_step(
+            self.est, self.policy, self.model_id, self.label, record, span, seconds, arm, selected
+        )
 
     def _arms(self, rule: SpanRule) -> list[Arm]:
         blocks = [b for b in rule.block_sizes if b <= self.max_block] or [self.max_block]

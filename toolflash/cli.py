@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-draft": ("train_draft", "Train a DFlash drafter against a frozen target."),
     "bench": ("bench", "Benchmark speculative vs target-only decoding per prompt kind."),
     "policy": ("policy", "Show the effective decoding policy, or validate a policy YAML file."),
+    "calibrate": (
+        "calibrate",
+        "Measure spec vs AR on this machine and seed the adaptive policy (once per model).",
+    ),
     "zoo": (
         "zoo",
         "Build the tiny model family (corpus, tokenizer, targets, drafters) from scratch.",

@@ -18,3 +18,8 @@ def add_draft_length(p: argparse.ArgumentParser) -> None:
         "block after accepted ones; fixed: every cycle drafts the whole block (a policy's "
         "block is the ceiling either way)",
     )
+
+
+def add_policy_config(p: argparse.ArgumentParser) -> None:
+    """`--policy-config FILE` (repeatable): policy YAML files after the shipped ones."""
+    p.add_argument("--policy-config", action="append", default=[], help="extra policy YAML file(s)")

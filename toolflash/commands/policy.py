@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from toolflash.engine.registry import EMBEDDED_MODEL
 from toolflash.policy.config import PolicyConfig, PolicyFileError, load_policy_file
@@ -36,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
         if action == "show":
             policy = PolicyConfig(args.config).for_model(args.model)
             sys.stdout.write(policy.to_yaml())
+            sys.stdout.write(calibration_status(args.model, policy.state_file().parent))
             return 0
         if action == "check":
             parsed, _ = load_policy_file(args.file)
@@ -46,3 +48,29 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print("usage: toolflash policy {show,check} ...", file=sys.stderr)
     return 2
+
+
+def calibration_status(model: str, state_dir: Path) -> str:
+    """Comment lines saying which calibrations of `model` exist in the state directory and
+    whether each is valid here (same weights, machine and versions)."""
+    import time
+
+    from toolflash.calibrate import calibration_key
+    from toolflash.policy.calibration import records_for
+
+    found = records_for(state_dir, model)
+    if not found:
+        return (
+            f"# calibration: none for {model} in {state_dir} (`toolflash calibrate --model "
+            f"{model}`, or the first `toolflash serve` of it, measures one)\n"
+        )
+    lines = []
+    for path, record in found:
+        changed = record.key.differences(calibration_key(model, record.key.draft))
+        state = f"stale ({', '.join(changed)} changed)" if changed else "valid here"
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.created))
+        lines.append(
+            f"# calibration: {path}: draft {record.key.draft}, {when}, {record.wall_s:.0f} s, "
+            f"mlx {record.key.mlx}, toolflash {record.key.toolflash}: {state}\n"
+        )
+    return "".join(lines)

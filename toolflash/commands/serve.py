@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from toolflash.commands.options import add_draft_length
+from toolflash.commands.options import add_draft_length, add_policy_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,7 +77,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="adaptive: choose spec/AR and block size per request class and span from "
         "measurements (configs/*.yaml); off: always --mode",
     )
-    p.add_argument("--policy-config", action="append", default=[], help="extra policy YAML file(s)")
+    add_policy_config(p)
+    p.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="skip calibration on the first serve of a model on this machine (the adaptive "
+        "policy then learns from requests alone; see `toolflash calibrate`)",
+    )
     p.add_argument(
         "--config",
         default=None,
@@ -130,7 +136,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _engine_factory(args: argparse.Namespace) -> Any:
+def _engine_factory(args: argparse.Namespace, policy: Any = None) -> Any:
+    """The engine builder the worker thread runs. With an adaptive `policy`, the first serve
+    of a pair on this machine also calibrates it there (unless --no-calibrate), while
+    /health still answers "loading"."""
+
     def build() -> Any:
         from toolflash.cache.prefix_cache import CacheConfig
         from toolflash.engine.factory import build_engine
@@ -143,7 +153,7 @@ def _engine_factory(args: argparse.Namespace) -> Any:
             l2_bytes=int(args.cache_disk_mb * 1024 * 1024),
             l2_min_gain_tokens=args.cache_disk_min_gain,
         )
-        return build_engine(
+        engine = build_engine(
             args.model,
             args.draft,
             mode=args.mode,
@@ -151,8 +161,26 @@ def _engine_factory(args: argparse.Namespace) -> Any:
             draft_length=args.draft_length,
             cache=cache,
         )
+        if policy is not None and not args.no_calibrate:
+            _calibrate(engine, policy)
+        return engine
 
     return build
+
+
+def _calibrate(engine: Any, policy: Any) -> None:
+    """Calibrate the pair unless a valid calibration exists (`toolflash.calibrate`). A failure
+    is logged and the server goes on: the policy then learns from requests alone."""
+    import structlog
+
+    from toolflash.calibrate import ensure_calibrated
+
+    if engine.draft_id is None:
+        return
+    try:
+        ensure_calibrated(engine, policy)
+    except Exception:
+        structlog.get_logger("toolflash.serve").exception("calibration.failed")
 
 
 def _policy(args: argparse.Namespace) -> Any:
@@ -192,7 +220,7 @@ def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
 
     policy = _policy(args)
     app = create_app(
-        _engine_factory(args),
+        _engine_factory(args, policy),
         config,
         on_load_failure=on_load_failure,
         controller_factory=(

@@ -1,0 +1,482 @@
+"""Calibration: measure this machine and pair once, and seed the adaptive policy with it.
+
+The policy learns spec vs AR online, so a fresh server used to decide its first requests from
+no data (it ran JSON requests of one pair in AR at 0.66x where spec gave 1.14x). Calibration
+runs a short, fixed set of generations through the engine's public surface, each a chat
+request rendered by the gateway's own path (so it lands in the request class a client's
+request would), with one arm scripted throughout (`policy.measure.ScriptedController`):
+- per request kind (free chat, tools offered, a forced tool call, a JSON schema answer), as
+  the prompts come and with the template's thinking default: AR, and spec at the largest
+  block, giving the drafter's tokens per cycle per class and span (smaller blocks are
+  credited from the same cycles) and the AR forced-run share of constrained classes;
+- at a few context lengths: AR steps and spec cycles at every block size of the policy.
+Every cycle drafts the whole block (`draft_length="fixed"`), so a block's cycle time is
+measured at that block. The steps feed a fresh `Estimates` by the rule online learning uses;
+`policy.calibration.seed` merges them into the policy's estimates, which the `PolicyStore`
+saves, and a record keyed by model, weights, machine and versions says it ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from toolflash.engine.api import Engine, FinishEvent, GenerationRequest
+from toolflash.gateway.worker import Prepared
+from toolflash.policy.calibration import (
+    CalibrationKey,
+    CalibrationRecord,
+    load_record,
+    save_record,
+    seed,
+)
+from toolflash.policy.config import EffectivePolicy
+from toolflash.policy.controller import AdaptivePolicy
+from toolflash.policy.estimates import Estimates
+from toolflash.policy.explore import Arm, arm_name
+from toolflash.policy.measure import ScriptedController
+from toolflash.policy.spans import SPAN_KINDS
+
+log = structlog.get_logger(__name__)
+
+AR: Arm = ("ar", 1)
+PROMPTS_FILE = "bench_prompts.jsonl"  # shipped with the embedded models (held-out prompts)
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """What calibration runs (every setting declared here once)."""
+
+    prompts_per_kind: int = 3  # prompts of each request kind
+    max_tokens: int = 80  # output tokens per class run
+    thinking_default: bool = True  # also each prompt with the template's thinking default
+    contexts: tuple[int, ...] = (1024, 4096)  # prompt lengths of the timing runs (+ the shortest)
+    timing_cycles: int = 12  # spec cycles per block size per context (tokens: cycles x block)
+    timing_steps: int = 32  # AR steps per context
+    # Effective samples each seeded estimate keeps (`policy.calibration.seed`).
+    max_weight: float = 8.0
+
+
+@dataclass(frozen=True)
+class Run:
+    """One scripted generation: the arm it runs and its output budget; `timing` runs measure
+    a context length rather than a class."""
+
+    kind: str
+    arm: Arm
+    max_tokens: int
+    timing: bool = False
+
+
+# -- the built-in requests ----------------------------------------------------------------------
+def _bench_rows() -> list[dict[str, Any]]:
+    from toolflash.engine.factory import assets_dir
+
+    path = assets_dir() / PROMPTS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def class_bodies(plan: CalibrationPlan) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, chat request body) for each class calibration measures: free chat (prose and
+    code), tools offered (`auto`), a forced call (`required`), a JSON-schema answer; each as
+    the prompt comes and, where it sets thinking, also with the template's default."""
+    rows = _bench_rows()
+
+    def first(kind: str, n: int) -> list[dict[str, Any]]:
+        return [r for r in rows if r["kind"] == kind][:n]
+
+    n = plan.prompts_per_kind
+    picks = [("chat", r) for r in first("free_text", n - n // 2) + first("code", n // 2)]
+    picks += [(k, r) for r in first("tool_call", n) for k in ("tools", "tool-forced")]
+    picks += [("json", r) for r in first("json", n)]
+    out: list[tuple[str, dict[str, Any]]] = []
+    for kind, r in picks:
+        body: dict[str, Any] = {"messages": r["messages"]}
+        if kind in ("tools", "tool-forced"):
+            body["tools"] = r["tools"]
+        if kind == "tool-forced":
+            body["tool_choice"] = "required"
+        if kind == "json":
+            body["response_format"] = _json_format(r)
+        kwargs = r.get("chat_template_kwargs")
+        out.append((kind, {**body, "chat_template_kwargs": kwargs} if kwargs else body))
+        if plan.thinking_default and kwargs:
+            out.append((kind, body))
+    return out
+
+
+def _json_format(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON schema the prompt asks for (its system message states it), as a strict
+    `response_format`; `json_object` when it states none."""
+    system = " ".join(m["content"] for m in row["messages"] if m["role"] == "system")
+    _, sep, tail = system.partition("schema:")
+    if sep:
+        try:
+            schema = json.loads(tail.strip())
+        except ValueError:
+            schema = None
+        if isinstance(schema, dict):
+            spec = {"name": "answer", "schema": schema, "strict": True}
+            return {"type": "json_schema", "json_schema": spec}
+    return {"type": "json_object"}
+
+
+def long_body(engine: Engine, tokens: int) -> dict[str, Any]:
+    """A plain chat request of about `tokens` prompt tokens (code and prose to summarize)."""
+    texts = [m["content"] for r in _bench_rows() for m in r["messages"] if m["role"] == "user"]
+    corpus = "\n\n".join(texts)
+    have = len(engine.encode(corpus))
+    while have < tokens:  # the shipped prompts hold ~10k tokens; repeat for longer contexts
+        corpus += "\n\n" + corpus
+        have *= 2
+    text = corpus[: int(len(corpus) * 0.97 * tokens / have)]
+    content = f"{text}\n\nSummarize the code and notes above."
+    return {"messages": [{"role": "user", "content": content}], "chat_template_kwargs": {}}
+
+
+# -- running ------------------------------------------------------------------------------------
+def _prepare(engine: Engine, body: Mapping[str, Any]) -> Prepared:
+    """The gateway's own preparation of a chat request: rendered, classified, constrained."""
+    from toolflash.gateway.chat_prompt import chat_prompt
+    from toolflash.gateway.config import GatewayConfig
+    from toolflash.gateway.protocol import ChatCompletionRequest
+    from toolflash.gateway.serving_chat import chat_preparer
+
+    req = ChatCompletionRequest.model_validate(dict(body))
+    return chat_preparer(req, chat_prompt(req, engine), GatewayConfig(), "calibration")(engine)
+
+
+def _generate(engine: Engine, request: GenerationRequest, controller: Any = None) -> int:
+    """Run one generation to its end; the tokens it committed."""
+    n = 0
+    for event in engine.generate(request, controller=controller):
+        if not isinstance(event, FinishEvent):
+            n += len(event.token_ids)
+    return n
+
+
+def _blocks(policy: EffectivePolicy, labels: Iterable[str], largest: int) -> list[int]:
+    """The spec block sizes the policy may choose for these classes (capped at the engine's
+    block), largest first."""
+    found = {
+        b
+        for label in labels
+        for span in SPAN_KINDS
+        for b in policy.rule(label, span).block_sizes
+        if b <= largest
+    }
+    return sorted(found or {largest}, reverse=True)
+
+
+def plan_runs(
+    engine: Engine, policy: EffectivePolicy, plan: CalibrationPlan
+) -> tuple[list[tuple[Run, Prepared]], list[int]]:
+    """Every run with its prepared request, and the block sizes the timing runs measure."""
+    largest = int(getattr(engine, "default_block_size", 0) or 16)
+    runs: list[tuple[Run, Prepared]] = []
+    for kind, body in class_bodies(plan):
+        p = _prepare(engine, body)
+        # Class runs draft at the largest block the class's policy allows: smaller blocks'
+        # tokens per cycle are credited from the same cycles.
+        block = _blocks(policy, [p.request_class.label], largest)[0]
+        runs.append((Run(kind, AR, plan.max_tokens), p))
+        runs.append((Run(kind, ("spec", block), plan.max_tokens), p))
+    blocks = _blocks(policy, {p.request_class.label for _, p in runs}, largest)
+    room = engine.context_length - max(plan.max_tokens, plan.timing_cycles * blocks[0]) - 64
+    timing = [runs[0][1]] + [
+        _prepare(engine, long_body(engine, n)) for n in plan.contexts if n < room
+    ]
+    for p in timing:
+        runs.append((Run("timing", AR, plan.timing_steps, True), p))
+        runs += [(Run("timing", ("spec", b), plan.timing_cycles * b, True), p) for b in blocks]
+    return runs, blocks
+
+
+def run_calibration(
+    engine: Engine,
+    policy: EffectivePolicy,
+    estimates: Estimates,
+    plan: CalibrationPlan = CalibrationPlan(),
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Run the plan on `engine`, measuring every step into `estimates`; returns the rows of
+    what was measured (`measured_rows`)."""
+    from tqdm import tqdm
+
+    runs, blocks = plan_runs(engine, policy, plan)
+    _warm_up(engine, runs[0][1].request, blocks)
+    bar = tqdm(
+        total=len(runs),
+        desc="calibrate",
+        unit="run",
+        file=sys.stderr,
+        disable=not progress,
+        leave=False,
+    )
+    try:
+        for run, p in runs:
+            bar.set_postfix_str(f"{run.kind} {arm_name(run.arm)}", refresh=False)
+            controller = ScriptedController(
+                estimates,
+                policy,
+                engine.model_id,
+                p.request_class,
+                run.arm,
+                json_output=p.request_class.kind == "json",
+                start_in_reasoning=p.start_in_reasoning,
+            )
+            request = dataclasses.replace(
+                p.request,
+                mode=run.arm[0],
+                block_size=run.arm[1] if run.arm[0] == "spec" else None,
+                draft_length="fixed",
+                max_tokens=min(run.max_tokens, p.request.max_tokens),
+            )
+            _generate(engine, request, controller)
+            bar.update()
+    finally:
+        bar.close()
+    classes: dict[str, list[int]] = {}
+    for run, p in runs:
+        if not run.timing:
+            classes.setdefault(p.request_class.label, []).append(len(p.request.prompt_tokens))
+    return measured_rows(estimates, engine.model_id, classes, blocks)
+
+
+def _warm_up(engine: Engine, request: GenerationRequest, blocks: list[int]) -> None:
+    """One short generation per arm first: first calls compile kernels and grow buffers."""
+    for mode, block in [("ar", None), *(("spec", b) for b in blocks)]:
+        warm = dataclasses.replace(
+            request, mode=mode, block_size=block, draft_length="fixed", max_tokens=8
+        )
+        _generate(engine, warm)
+
+
+# -- what it found ------------------------------------------------------------------------------
+def measured_rows(
+    est: Estimates,
+    model: str,
+    classes: Mapping[str, list[int]],
+    blocks: list[int],
+) -> list[dict[str, Any]]:
+    """Timing rows (per context bucket: ms per AR step and per spec cycle at each block) and
+    class rows (per class and span with measured tokens per cycle: the arms' tok/s at the
+    class's median prompt length and the arm the policy starts with there)."""
+    rows: list[dict[str, Any]] = []
+    buckets = sorted({k[1] for k in est.ar_s if k[0] == model})
+    for bucket in buckets:
+        ar = est.ar_s.get((model, bucket))
+        cycles = {
+            str(b): round(1e3 * s.mean, 2)
+            for b in blocks
+            if (s := est.cycle_s.get((model, b, bucket))) is not None
+        }
+        rows.append(
+            {
+                "row": "timing",
+                "context": bucket,
+                "ar_ms": round(1e3 * ar.mean, 2) if ar is not None else None,
+                "ar_steps": ar.count if ar is not None else 0,
+                "cycle_ms": cycles,
+            }
+        )
+    for label, lens in sorted(classes.items()):
+        ctx = int(statistics.median(lens))
+        for span in SPAN_KINDS:
+            if est.measured_tau(model, label, span, blocks[0]) is None:
+                continue
+            best = max(
+                (est.surplus(model, label, span, b, ctx) for b in blocks),
+                key=lambda s: s.spec.tps,
+            )
+            row = {"row": "class", "class": label, "span": span, "context": ctx}
+            row.update(best.as_dict())
+            row["faster"] = f"spec{best.block_size}" if best.value > 0 else "ar"
+            rows.append(row)
+    return rows
+
+
+def format_rows(rows: Iterable[Mapping[str, Any]]) -> str:
+    """The rows as two fixed-width tables."""
+    rows = list(rows)
+    timing = [r for r in rows if r["row"] == "timing"]
+    blocks = sorted({int(b) for r in timing for b in r["cycle_ms"]}, reverse=True)
+    lines = [
+        f"{'context':>8} {'AR ms/step':>10} " + " ".join(f"{f'spec{b} ms':>10}" for b in blocks)
+    ]
+    for r in timing:
+        cells = " ".join(f"{r['cycle_ms'].get(str(b), float('nan')):>10.2f}" for b in blocks)
+        ar = r["ar_ms"] if r["ar_ms"] is not None else float("nan")
+        lines.append(f"{r['context']:>8} {ar:>10.2f} {cells}")
+    lines += [
+        "",
+        f"{'class':<40} {'span':<10} {'tau':>5} {'spec tok/s':>10} {'AR tok/s':>9} "
+        f"{'surplus':>8} {'p(spec)':>7} {'n':>4} {'faster':>7}",
+    ]
+    for r in rows:
+        if r["row"] == "class":
+            lines.append(
+                f"{r['class']:<40} {r['span']:<10} {r['tau']:>5.2f} {r['spec_tps']:>10.1f} "
+                f"{r['ar_tps']:>9.1f} {r['surplus']:>8.1f} {r['p_spec_faster']:>7.2f} "
+                f"{r['samples']:>4.0f} {r['faster']:>7}"
+            )
+    return "\n".join(lines)
+
+
+# -- the key: pair, machine, versions -----------------------------------------------------------
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def machine_identity() -> dict[str, str]:
+    """What makes timings differ between machines: OS, CPU, MLX device and BLAS."""
+    import mlx.core as mx
+
+    from toolflash.blas import blas_in_use
+
+    info = {
+        "system": platform.system(),
+        "arch": platform.machine(),
+        "cpu": _cpu_name(),
+        "cores": str(os.cpu_count()),
+        "device": str(mx.default_device()),
+        "blas": blas_in_use(),
+    }
+    try:
+        name = mx.device_info().get("device_name")
+    except Exception:  # not every backend reports one
+        name = None
+    if name:
+        info["device_name"] = str(name)
+    return info
+
+
+def weight_dir(model_id: str, draft_id: str | None = None) -> Path | None:
+    """The local directory of a served id: an embedded model (the draft id of an embedded
+    pair is `<model>-dflash`), a local path, or a hub id's cached snapshot; None if unknown."""
+    from toolflash.engine.factory import assets_dir
+    from toolflash.engine.registry import EMBEDDED_PAIRS
+
+    if model_id in EMBEDDED_PAIRS:
+        return assets_dir() / EMBEDDED_PAIRS[model_id][0]
+    embedded = model_id.removesuffix("-dflash")
+    if model_id.endswith("-dflash") and embedded in EMBEDDED_PAIRS:
+        return assets_dir() / EMBEDDED_PAIRS[embedded][1]
+    local = Path(model_id).expanduser()
+    if local.is_dir():
+        return local
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model_id, local_files_only=True))
+    except Exception:  # not cached, or not a hub id: the id alone identifies it
+        return None
+
+
+def weights_fingerprint(*ids: str | None) -> str:
+    """A hash of the weight and config files (name, size, mtime) behind the served ids."""
+    h = hashlib.sha256()
+    for model_id in ids:
+        h.update(f"{model_id}\0".encode())
+        path = weight_dir(model_id) if model_id else None
+        if path is None:
+            continue
+        for f in sorted(path.glob("*.safetensors")) + sorted(path.glob("config.json")):
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}\0".encode())
+    return h.hexdigest()[:16]
+
+
+def calibration_key(model_id: str, draft_id: str | None) -> CalibrationKey:
+    """The key a calibration of this pair made here and now would have."""
+    return CalibrationKey(
+        model=model_id,
+        draft=draft_id,
+        weights=weights_fingerprint(model_id, draft_id),
+        machine=machine_identity(),
+        mlx=_version("mlx"),
+        mlx_lm=_version("mlx-lm"),
+        toolflash=_version("toolflash"),
+    )
+
+
+# -- the entry point ----------------------------------------------------------------------------
+def state_dir(policy: AdaptivePolicy, model_id: str) -> Path:
+    """Where the policy keeps this model's state (and calibration records)."""
+    state = policy.model(model_id)
+    if state.store is not None:
+        return state.store.path.parent
+    return state.policy.state_file().parent
+
+
+def ensure_calibrated(
+    engine: Engine,
+    policy: AdaptivePolicy,
+    plan: CalibrationPlan = CalibrationPlan(),
+    *,
+    force: bool = False,
+    progress: bool = True,
+) -> tuple[CalibrationRecord, bool]:
+    """The calibration of this engine's pair on this machine: the saved one when it is valid
+    and the policy holds estimates for the model, else measured now, seeded into the policy's
+    estimates and saved. Returns (record, measured now)."""
+    model = engine.model_id
+    state = policy.model(model)
+    where = state_dir(policy, model)
+    key = calibration_key(model, engine.draft_id)
+    record = None if force else load_record(where, key)
+    if record is not None and model in set(state.estimates.models()):
+        log.info("calibration.found", model=model, created=record.created)
+        return record, False
+    if engine.draft_id is None:
+        raise ValueError(f"{model} is served without a drafter: nothing to calibrate")
+    est = state.estimates
+    measured = Estimates(
+        sample_half_life=state.policy.estimates.sample_half_life,
+        half_life_s=est.half_life_s,
+        smallest_bucket=est.smallest_bucket,
+        clock=est.clock,
+    )
+    log.info("calibration.start", model=model, draft=engine.draft_id)
+    t0 = time.perf_counter()
+    rows = run_calibration(engine, state.policy, measured, plan, progress)
+    wall = time.perf_counter() - t0
+    entries = seed(est, measured, plan.max_weight)
+    state.dirty = True
+    policy.save(force=True)
+    record = CalibrationRecord(key, time.time(), round(wall, 2), tuple(rows))
+    path = save_record(where, record)
+    log.info(
+        "calibration.done",
+        model=model,
+        wall_s=round(wall, 1),
+        entries=entries,
+        record=str(path) if path else None,
+    )
+    return record, True
