@@ -34,7 +34,8 @@ class SnapshotKey:
     @classmethod
     def from_json(cls, d: dict[str, object]) -> SnapshotKey:
         ids = d.get("target_layer_ids") or []
-        assert isinstance(ids, list)
+        if not isinstance(ids, list):
+            raise ValueError("target_layer_ids is not a list")
         return cls(
             target_id=str(d["target_id"]),
             draft_id=None if d.get("draft_id") is None else str(d["draft_id"]),

@@ -3,8 +3,10 @@ budget, written by a background thread so no decode step ever waits on the disk.
 
 Files are `<id>.safetensors` and `<id>.json`, both written to temporary names and renamed
 (data first, metadata last: an entry exists only once both are complete), so several processes
-can share one directory. Anything that is not a complete, checksummed snapshot of this schema
-(corrupt, truncated, foreign, other schema) is skipped and removed, never raised.
+can share one directory. A metadata file that is not, field by field, one of this schema
+(`l2_meta.py`), or whose data fails its checksum or decode, is quarantined: both files move to
+`quarantine/` (kept for a post-mortem, bounded) and `stats["quarantined"]` counts them (in
+/metrics). Nothing a file holds is ever raised: start-up and lookups go on without it.
 
 `close()` drains the writer's queue within a bound, joins the writer and turns later puts into
 no-ops; it also runs at interpreter exit (the writer is a daemon thread: killed inside MLX's
@@ -29,7 +31,8 @@ import mlx.core as mx
 import structlog
 
 from .codec import SnapshotFormatError, decode, encode
-from .key import SCHEMA_VERSION, SnapshotKey
+from .key import SnapshotKey
+from .l2_meta import MAX_META_BYTES, DiskMeta, parse_meta
 from .snapshot import Snapshot, is_prefix
 
 log = structlog.get_logger(__name__)
@@ -44,6 +47,8 @@ CLOSE_TIMEOUT_S = 5.0
 # often arrives right after the last one ends, and a write it catches mid-way cannot be paused
 # inside one array save; a tool call's own run time is the usual quiet gap.
 _QUIET_S = 0.5
+# Files kept in `quarantine/` (the oldest go first).
+_QUARANTINE_KEEP = 256
 
 
 @dataclass
@@ -97,7 +102,7 @@ class DiskCache:
         self.stats: dict[str, int] = {
             "writes": 0,
             "write_errors": 0,
-            "removed_bad": 0,
+            "quarantined": 0,
             "evictions": 0,
             "dropped_at_close": 0,
         }
@@ -176,21 +181,26 @@ class DiskCache:
     def _read_entry(self, meta_path: Path) -> _Entry | None:
         ident = meta_path.stem
         try:
-            meta = json.loads(meta_path.read_text())
-            if meta.get("schema") != SCHEMA_VERSION:
-                raise SnapshotFormatError(f"schema {meta.get('schema')}")
-            key = SnapshotKey.from_json(meta["key"])
-            tokens = tuple(int(t) for t in meta["tokens"])
-            data = self._data(ident)
-            size = data.stat().st_size
-            if size != meta["file_bytes"] or snapshot_id(key, tokens) != ident:
-                raise SnapshotFormatError("size or identity mismatch")
-            return _Entry(ident, key.digest, tokens, size, meta_path.stat().st_mtime)
+            meta = self._read_meta(ident)
+            size = self._data(ident).stat().st_size
+            if size != meta.file_bytes:
+                raise SnapshotFormatError("data size does not match the metadata")
+            return _Entry(ident, meta.key.digest, meta.tokens, size, meta_path.stat().st_mtime)
         except FileNotFoundError:
-            return None  # a concurrent remove
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            self._remove(ident, f"unreadable metadata: {exc}")
+            # Metadata is written last and removed first: with it still there, missing data
+            # is damage, not a write or a remove in progress.
+            if meta_path.exists():
+                self._quarantine(ident, "metadata without its data file")
             return None
+        except Exception as exc:  # whatever a file holds, start-up and lookups go on
+            self._quarantine(ident, f"metadata: {type(exc).__name__}: {exc}")
+            return None
+
+    def _read_meta(self, ident: str) -> DiskMeta:
+        path = self._meta(ident)
+        if path.stat().st_size > MAX_META_BYTES:
+            raise SnapshotFormatError("metadata file too large")
+        return parse_meta(path.read_text(), ident, snapshot_id)
 
     def _remove(self, ident: str, reason: str) -> None:
         for path in (self._meta(ident), self._data(ident)):
@@ -202,8 +212,30 @@ class DiskCache:
                 log.warning("l2_remove_failed", path=str(path), error=str(exc))
         with self._lock:
             self._index.pop(ident, None)
-        self.stats["removed_bad"] += reason != "evicted"
         log.info("l2_removed", id=ident, reason=reason)
+
+    def _quarantine(self, ident: str, reason: str) -> None:
+        """Move a snapshot's files aside into `quarantine/` (removed where they cannot be
+        moved), so they are never read again and stay for a look; the oldest quarantined
+        files go past `_QUARANTINE_KEEP`."""
+        qdir = self.dir / "quarantine"
+        try:
+            qdir.mkdir(exist_ok=True)
+            for path in (self._meta(ident), self._data(ident)):
+                try:
+                    os.replace(path, qdir / path.name)
+                except FileNotFoundError:
+                    pass
+            kept = sorted(qdir.iterdir(), key=lambda p: p.stat().st_mtime)
+            for old in kept[: max(0, len(kept) - _QUARANTINE_KEEP)]:
+                old.unlink()
+        except OSError as exc:  # a read-only or odd directory: remove instead
+            log.warning("l2_quarantine_failed", id=ident, error=str(exc))
+            self._remove(ident, reason)
+        with self._lock:
+            self._index.pop(ident, None)
+        self.stats["quarantined"] += 1
+        log.warning("l2_quarantined", id=ident, reason=reason)
 
     # -- lookup ------------------------------------------------------------------------
     def lookup(
@@ -232,18 +264,22 @@ class DiskCache:
     def _load(self, entry: _Entry) -> Snapshot | None:
         meta_path, data_path = self._meta(entry.ident), self._data(entry.ident)
         try:
-            meta = json.loads(meta_path.read_text())
-            if _sha256(data_path) != meta["checksum"]:
+            # Read again: the file may have changed since it was indexed.
+            meta = self._read_meta(entry.ident)
+            if meta.tokens != entry.tokens or _sha256(data_path) != meta.checksum:
                 raise SnapshotFormatError("checksum mismatch")
             arrays = mx.load(str(data_path))
-            assert isinstance(arrays, dict)
-            snapshot = decode(arrays, meta)
+            if not isinstance(arrays, dict):
+                raise SnapshotFormatError("data is not a set of named arrays")
+            snapshot = decode(arrays, meta.raw)
+            if snapshot.key.digest != entry.key_digest:
+                raise SnapshotFormatError("key does not match the index")
         except FileNotFoundError:
             with self._lock:
                 self._index.pop(entry.ident, None)
             return None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as exc:
-            self._remove(entry.ident, f"corrupt: {exc}")
+        except Exception as exc:  # whatever a file holds, the lookup is a miss, not a failure
+            self._quarantine(entry.ident, f"data: {type(exc).__name__}: {exc}")
             return None
         now = time.time()
         try:

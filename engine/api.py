@@ -138,9 +138,11 @@ class CycleRecord:
     ended before the block was full (the grammar allowed nothing further, e.g. after a closed
     call), so `block_size` is smaller than asked although the block was not limited.
 
-    Spec phases overlap: `draft_s` runs until the draft is computed, and the verify forward's
-    graph is built meanwhile; `verify_s` is the rest of the verify (its evaluation and the
-    acceptance); `rollback_s` the commit."""
+    Spec phases overlap (one host synchronisation per cycle): `draft_s` is the host's time to
+    build and queue the draft and the verify forward (the drafter computes meanwhile);
+    `verify_s` the wait for the verdict (the rest of the draft, the verify forward and the
+    acceptance); `rollback_s` the commit. Their sum is the cycle; the split between the two
+    forwards is measured apart (`toolflash bench --baseline mlx-lm`, phase split)."""
 
     index: int
     mode: Mode
@@ -313,14 +315,17 @@ class ModeController(Protocol):
 
 
 class Engine(Protocol):
-    """What the gateway needs from an engine. All methods run on the engine's worker thread
-    except the read-only attributes."""
+    """What the gateway needs from an engine. `generate` runs on the engine's worker thread;
+    `encode`, `decode`, `encode_chat` and `stable_prefix` also run on the gateway's render
+    threads, several at once (they keep no state across threads: `stable_prefix` reads the
+    same thread's last `encode_chat`)."""
 
     model_id: str
     draft_id: str | None
     context_length: int
     tool_call_format: str  # "hermes" or "qwen3_coder": what the chat template renders
     vocab_size: int  # logits per position (token ids below it are valid for logit_bias)
+    max_token_chars: int  # the most characters one token spells (prompt size checks)
     # Sampling defaults from the model's generation_config.json (temperature only when it
     # sets do_sample); the gateway applies them where a request leaves a field out.
     generation_defaults: Mapping[str, float]

@@ -104,7 +104,12 @@ class DFlashEngine:
             if self._backend is not None
             else frozenset()
         )
-        self._last_chat: _ChatEncoding | None = None
+        # Per thread: the gateway renders and tokenizes on its render threads, several at
+        # once, and each reads back its own prompt's encoding in `stable_prefix`.
+        self._chats = threading.local()
+        # No token spells more characters than this, so a text longer than context_length
+        # times it cannot fit the context (refused without tokenizing it).
+        self.max_token_chars = _max_token_chars(tokenizer)
         # Runs a controller's `prepare` while the prefill computes (MLX releases the GIL
         # while it evaluates); created on first use.
         self._preparer: ThreadPoolExecutor | None = None
@@ -126,6 +131,16 @@ class DFlashEngine:
         if self._preparer is not None:
             self._preparer.shutdown(wait=True)
             self._preparer = None
+
+    @property
+    def _last_chat(self) -> _ChatEncoding | None:
+        """This thread's last `encode_chat` prompt."""
+        last: _ChatEncoding | None = getattr(self._chats, "last", None)
+        return last
+
+    @_last_chat.setter
+    def _last_chat(self, value: _ChatEncoding | None) -> None:
+        self._chats.last = value
 
     @property
     def default_block_size(self) -> int:
@@ -405,6 +420,17 @@ class _ChatEncoding:
     text: str
     ids: list[int]
     encoding: Any  # tokenizers.Encoding
+
+
+def _max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token can decode to. A byte-level BPE vocabulary entry has one
+    character per byte (>= the characters it decodes to); other vocabularies spell tokens
+    with their characters. Falls back to a bound no tokenizer reaches in practice."""
+    try:
+        vocab = tokenizer.get_vocab()
+        return max(max(len(t) for t in vocab), 1)
+    except Exception:  # no vocabulary to read: a loose bound (only a quick refusal is lost)
+        return 1024
 
 
 def _fast_backend(tokenizer: Any) -> Any:

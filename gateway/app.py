@@ -7,6 +7,7 @@ import contextlib
 import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
@@ -184,6 +185,9 @@ def create_app(
             metrics=GatewayMetrics(lambda: worker.waiting, lambda: worker.running),
             status=LiveStatus(worker),
             controller_factory=controller_factory,
+            renderer=ThreadPoolExecutor(
+                max_workers=config.render_threads, thread_name_prefix="toolflash-render"
+            ),
         )
         app.state.gateway = ctx
 
@@ -206,6 +210,8 @@ def create_app(
             yield {"gateway": ctx}
         finally:
             worker.stop()
+            if ctx.renderer is not None:
+                ctx.renderer.shutdown(wait=False, cancel_futures=True)
             # After the worker: no generation publishes any more, so what the prefix cache
             # queued for disk is written (bounded) before the process goes away. Off the
             # event loop, which may still be finishing other shutdown work.

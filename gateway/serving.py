@@ -3,12 +3,14 @@ submission with disconnect handling, and the per-request record (metrics, status
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from starlette.requests import Request
@@ -32,6 +34,7 @@ from toolflash.gateway.errors import (
     PayloadTooLarge,
     to_gateway_error,
 )
+from toolflash.gateway.limits import check_json_tree
 from toolflash.gateway.metrics import GatewayMetrics, RequestOutcome
 from toolflash.gateway.protocol import ConstraintInfo, Decision, Timings, ToolflashInfo
 from toolflash.gateway.sampling import sampling_info
@@ -40,6 +43,8 @@ from toolflash.gateway.worker import EngineWorker, Job, Prepared
 from toolflash.policy.request_class import RequestClass
 
 log = structlog.get_logger("toolflash.gateway")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,25 @@ class GatewayContext:
     status: LiveStatus
     # The adaptive policy: a mode controller per request (None: the engine runs request.mode).
     controller_factory: ControllerFactory | None = None
+    # Parses, validates, renders and tokenizes requests off the event loop and off the
+    # engine thread (`offload`); built in the lifespan.
+    renderer: ThreadPoolExecutor | None = None
+
+    async def offload(self, fn: Callable[[], T]) -> T:
+        """`fn()` on a render thread within `render_timeout_s`. Past it the client gets a 400
+        at once; the thread finishes the work it cannot be interrupted in, and its result
+        is dropped (what it renders is bounded by the body limit and the checks before)."""
+        if self.renderer is None:
+            return fn()
+        future = asyncio.get_running_loop().run_in_executor(self.renderer, fn)
+        try:
+            return await asyncio.wait_for(future, self.config.render_timeout_s)
+        except TimeoutError:
+            raise BadRequest(
+                f"preparing the prompt took more than {self.config.render_timeout_s:g} s "
+                "(chat template, schema or tokenizer); send less",
+                code="prompt_too_slow",
+            ) from None
 
     def engine(self) -> Engine:
         engine = self.worker.engine
@@ -94,8 +118,9 @@ def gateway(request: Request) -> GatewayContext:
     return ctx
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The request body parsed as JSON; 413 past `limit` bytes (checked while reading)."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body; 413 past `limit` bytes (checked before and while reading, so an
+    oversized body is refused without being held in memory)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(
@@ -108,15 +133,23 @@ async def read_json(request: Request, limit: int) -> Any:
         if size > limit:
             raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
-    raw = b"".join(chunks)
+    return b"".join(chunks)
+
+
+def parse_json(raw: bytes, max_depth: int) -> dict[str, Any]:
+    """The body parsed as a JSON object, no deeper than `max_depth` and with only strings
+    UTF-8 can encode (run off the event loop: `GatewayContext.offload`)."""
     if not raw.strip():
         raise BadRequest("request body is empty; expected a JSON object")
     try:
         body = json.loads(raw)
     except UnicodeDecodeError:
         raise BadRequest("request body is not UTF-8 JSON") from None
+    except RecursionError:  # deeper than the parser's own stack allows
+        raise BadRequest(f"the request body is nested more than {max_depth} levels deep") from None
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
+    check_json_tree(body, max_depth)
     return body
 
 

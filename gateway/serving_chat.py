@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -26,11 +25,11 @@ from toolflash.gateway.chat_output import (
     ReasoningDelta,
     ToolCallDelta,
 )
+from toolflash.gateway.chat_prompt import ChatPrompt, chat_prompt, offered_tools
 from toolflash.gateway.config import GatewayConfig
-from toolflash.gateway.errors import BadRequest, to_gateway_error
+from toolflash.gateway.errors import to_gateway_error
 from toolflash.gateway.logprobs import chat_logprobs
 from toolflash.gateway.protocol import (
-    AssistantMessage,
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
@@ -42,77 +41,26 @@ from toolflash.gateway.protocol import (
     DeltaToolCall,
     PromptTokensDetails,
     ResponseMessage,
-    SystemMessage,
-    ToolMessage,
     Usage,
-    UserMessage,
-    content_text,
 )
 from toolflash.gateway.sampling import resolve_sampling
 from toolflash.gateway.serving import (
     ControllerFactory,
+    GatewayContext,
     RequestRun,
     decision_log,
     gateway,
     new_id,
-    read_json,
+    parse_json,
+    read_body,
     token_budget,
     watch_disconnect,
 )
-from toolflash.gateway.structured import JsonAnswer, build_constraint, for_prompt, reasoning_mode
+from toolflash.gateway.structured import JsonAnswer
 from toolflash.gateway.tool_parsers import get_parser
 from toolflash.gateway.validation import check_chat_supported
 from toolflash.gateway.worker import Prepared
 from toolflash.policy.request_class import classify
-
-
-def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """Messages in the shape HF chat templates read (tool-call arguments as objects)."""
-    out: list[dict[str, Any]] = []
-    for m in req.messages:
-        if isinstance(m, SystemMessage):
-            out.append({"role": "system", "content": content_text(m.content)})
-        elif isinstance(m, UserMessage):
-            out.append({"role": "user", "content": content_text(m.content)})
-        elif isinstance(m, ToolMessage):
-            out.append(
-                {"role": "tool", "content": content_text(m.content), "tool_call_id": m.tool_call_id}
-            )
-        elif isinstance(m, AssistantMessage):
-            msg: dict[str, Any] = {"role": "assistant", "content": content_text(m.content)}
-            if m.reasoning_content:
-                msg["reasoning_content"] = m.reasoning_content
-            if m.tool_calls:
-                msg["tool_calls"] = [
-                    {
-                        "id": c.id,
-                        "type": "function",
-                        "function": {
-                            "name": c.function.name,
-                            "arguments": _arguments(c.function.arguments),
-                        },
-                    }
-                    for c in m.tool_calls
-                ]
-            out.append(msg)
-    return out
-
-
-def _arguments(text: str) -> Any:
-    """Templates iterate arguments as a mapping; a replayed call whose arguments do not parse
-    (e.g. one cut by max_tokens) is passed on as the raw string instead of failing the turn."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    return value if isinstance(value, dict) else text
-
-
-def offered_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
-    """Tools to render, or None (no tools, or tool_choice 'none')."""
-    if not req.tools or req.tool_choice == "none":
-        return None
-    return [t.model_dump(exclude_none=True) for t in req.tools]
 
 
 def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -124,42 +72,28 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
 
 def chat_preparer(
     req: ChatCompletionRequest,
+    prompt: ChatPrompt,
     config: GatewayConfig,
     request_id: str,
     controller_factory: ControllerFactory | None = None,
 ) -> Callable[[Engine], Prepared]:
-    """The worker-side half of a chat request: tokenize, budget, classify."""
-    messages = template_messages(req)
-    tools = offered_tools(req)
-    template_kwargs = dict(req.chat_template_kwargs or {})
-    thinking = template_kwargs.get("enable_thinking")
+    """The worker-side half of a chat request (rendered already, on a render thread): budget,
+    sampling, class and the policy's controller."""
+    thinking = (req.chat_template_kwargs or {}).get("enable_thinking")
     requested = req.max_completion_tokens or req.max_tokens
     tool_choice = req.tool_choice or "auto"
     if not isinstance(tool_choice, str):
         tool_choice = "named"
-    # response_format / forced or strict tools: a grammar (a bad schema is a 400 here).
-    constraint = build_constraint(req)
+    tokens = prompt.tokens
+    bound = prompt.constraint
 
     def prepare(engine: Engine) -> Prepared:
-        tokens = render(engine, messages, tools, template_kwargs)
-        # Templates that open the answer inside <think> leave the tag at the prompt's end.
-        tail = engine.decode(tokens[-8:])
-        start_in_reasoning = tail.rstrip().endswith("<think>")
-        bound = (
-            for_prompt(
-                constraint,
-                engine.tool_call_format,
-                reasoning_mode(tail, thinking, start_in_reasoning),
-            )
-            if constraint is not None
-            else None
-        )
         max_tokens, clamped = token_budget(
             len(tokens), requested, engine.context_length, config.default_max_tokens
         )
         sampling = resolve_sampling(req, engine.generation_defaults, engine.vocab_size)
         request_class = classify(
-            tools_offered=tools is not None,
+            tools_offered=offered_tools(req) is not None,
             tool_choice=tool_choice,
             response_format=req.response_format.type if req.response_format else None,
             enable_thinking=thinking if isinstance(thinking, bool) else None,
@@ -171,7 +105,7 @@ def chat_preparer(
             sampled=not sampling.params.greedy,  # after the model's defaults
         )
         request = GenerationRequest(
-            prompt_tokens=tuple(tokens),
+            prompt_tokens=tokens,
             max_tokens=max_tokens,
             mode=config.mode,
             block_size=config.block_size,
@@ -179,56 +113,25 @@ def chat_preparer(
             sampling=sampling.params,
             logprobs=(req.top_logprobs or 0) if req.logprobs else None,
             request_id=request_id,
-            # The prefix cache publishes here so the agent's next turn (same history plus
-            # more) restores instead of recomputing.
-            publish_at=_stable_prefix(engine, messages, tools, template_kwargs, tokens),
+            publish_at=prompt.publish_at,
             constraint=bound,
         )
         return Prepared(
             request,
             request_class,
-            start_in_reasoning,
+            prompt.start_in_reasoning,
             clamped,
             decision_log(
                 controller_factory,
                 engine,
                 request_class,
-                start_in_reasoning=start_in_reasoning,
+                start_in_reasoning=prompt.start_in_reasoning,
                 response_format_json=request_class.kind == "json",
             ),
             sampling_defaults=sampling.from_model_defaults,
         )
 
     return prepare
-
-
-def _stable_prefix(
-    engine: Engine,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    template_kwargs: dict[str, Any],
-    tokens: list[int],
-) -> tuple[int, ...]:
-    # `tokens` is the engine's last encode_chat result: the real engine reads the prefix
-    # length off that tokenization instead of tokenizing the prefix again (~10 ms at 10k).
-    n = engine.stable_prefix(messages, tools, template_kwargs, tokens)
-    return (n,) if n > 0 else ()
-
-
-def render(
-    engine: Engine,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    template_kwargs: dict[str, Any],
-) -> list[int]:
-    """Apply the chat template; a template that refuses the conversation (jinja's
-    `raise_exception`, e.g. a misplaced system message) is the client's error, not ours."""
-    try:
-        return engine.encode_chat(messages, tools, template_kwargs)
-    except Exception as exc:
-        if type(exc).__module__.startswith("jinja2"):
-            raise BadRequest(f"the chat template rejected the messages: {exc}") from None
-        raise
 
 
 def chat_finish_reason(engine_reason: str, output: ChatOutput) -> str:
@@ -239,15 +142,25 @@ def chat_finish_reason(engine_reason: str, output: ChatOutput) -> str:
     return "tool_calls" if output.valid_calls else "stop"
 
 
+def parse_chat(raw: bytes, ctx: GatewayContext) -> tuple[ChatCompletionRequest, str]:
+    """The validated request and the served model it names (on a render thread)."""
+    req = ChatCompletionRequest.model_validate(parse_json(raw, ctx.config.max_json_depth))
+    model = ctx.resolve_model(req.model)
+    check_chat_supported(req, ctx.config, ctx.engine().context_length)
+    return req, model
+
+
 async def create_chat_completion(request: Request) -> Response:
     ctx = gateway(request)
-    body = await read_json(request, ctx.config.max_body_bytes)
-    req = ChatCompletionRequest.model_validate(body)
-    model = ctx.resolve_model(req.model)
-    check_chat_supported(req)
+    raw = await read_body(request, ctx.config.max_body_bytes)
+    req, model = await ctx.offload(lambda: parse_chat(raw, ctx))
     engine = ctx.engine()
     run = RequestRun(ctx, "chat", new_id("chatcmpl"), model, bool(req.stream), req.ignored_fields())
-    job = run.submit(chat_preparer(req, ctx.config, run.request_id, ctx.controller_factory))
+    try:
+        prompt = await ctx.offload(lambda: chat_prompt(req, engine))
+    except Exception as exc:
+        raise run.fail(exc) from exc
+    job = run.submit(chat_preparer(req, prompt, ctx.config, run.request_id, ctx.controller_factory))
     watcher = asyncio.create_task(watch_disconnect(request, job))
     try:
         prepared = await run.wait_prepared()
@@ -307,30 +220,37 @@ def _extra(output: ChatOutput, answer: JsonAnswer | None = None) -> dict[str, An
 async def _drive(
     run: RequestRun, output: ChatOutput, answer: JsonAnswer | None = None
 ) -> AsyncIterator[list[Delta]]:
-    """Engine events -> delta groups; sets the run's stats and finish reason at the end."""
+    """Engine events -> delta groups, one per batch of events read together (`Job.batches`:
+    a stream reads at most one batch per `stream_interval_ms`); sets the run's stats and
+    finish reason at the end."""
     assert run.job is not None
-    async for event in run.job.events():
-        if isinstance(event, TokenEvent):
-            if event.token_ids:
+    async for batch in run.job.batches(run.ctx.config.stream_interval_ms / 1e3):
+        deltas: list[Delta] = []
+        tokens = [e for e in batch if isinstance(e, TokenEvent)]
+        if tokens:
+            if any(e.token_ids for e in tokens):
                 run.token_seen()
-            run.logprobs.extend(event.logprobs)
-            deltas = output.feed(event.text)
+            for e in tokens:
+                run.logprobs.extend(e.logprobs)
+            deltas = output.feed("".join(e.text for e in tokens))
             if output.stop_requested:
                 run.job.cancel.set()  # parallel_tool_calls false: one call, then stop
-        elif isinstance(event, FinishEvent):
-            deltas = output.close()
+            if answer is not None:
+                answer.add(deltas)
+        event = batch[-1]
+        if isinstance(event, FinishEvent):
+            closing = output.close()
+            deltas += closing
             run.stats = event.stats
             run.finish_reason = chat_finish_reason(event.finish_reason, output)
             run.tool_calls = output.results()
             if event.finish_reason == "cancelled" and not output.stop_requested:
                 run.outcome = "cancelled"
             if answer is not None:
-                answer.add(deltas)
+                answer.add(closing)
                 failed = answer.finish(run.finish_reason, output.valid_calls)
                 if failed is not None:
                     raise failed
-        if answer is not None and isinstance(event, TokenEvent):
-            answer.add(deltas)
         if deltas:
             yield deltas
 
@@ -418,26 +338,30 @@ async def stream_chat(
             yield sse.event(
                 chunk(choices=[ChunkChoice(delta=ChatDelta(role="assistant", content=""))])
             )
+            # One write per batch of deltas: the events of its chunks go out together.
             async for deltas in _drive(run, output, answer):
-                for delta in delta_messages(deltas):
-                    # A chunk carries the log-probabilities of the tokens received since the
-                    # last chunk (held-back text can make a chunk carry several events').
-                    lp = _pending_logprobs(run)
-                    yield sse.event(chunk(choices=[ChunkChoice(delta=delta, logprobs=lp)]))
+                # A chunk carries the log-probabilities of the tokens received since the last
+                # chunk (a batch's first chunk carries its events').
+                yield "".join(
+                    sse.event(
+                        chunk(choices=[ChunkChoice(delta=d, logprobs=_pending_logprobs(run))])
+                    )
+                    for d in delta_messages(deltas)
+                )
             info = run.info(_extra(output, answer))
             final = ChunkChoice(
                 delta=ChatDelta(), finish_reason=run.finish_reason, logprobs=_pending_logprobs(run)
             )
-            yield sse.event(chunk(choices=[final], toolflash=None if include_usage else info))
+            end = sse.event(chunk(choices=[final], toolflash=None if include_usage else info))
             if include_usage:
-                yield sse.event(chunk(choices=[], usage=_usage(run), toolflash=info))
+                end += sse.event(chunk(choices=[], usage=_usage(run), toolflash=info))
             if run.outcome == "pending":
                 run.outcome = "success"
         except Exception as exc:  # after headers: an error event, then [DONE]
             err = to_gateway_error(exc)
             status, error, run.outcome = err.status, err.message, "error"
-            yield sse.event(err.body())
-        yield sse.DONE
+            end = sse.event(err.body())
+        yield end + sse.DONE
     finally:
         if run.outcome == "pending":  # the client went away mid-stream
             run.outcome = "cancelled"

@@ -18,7 +18,8 @@ from toolflash.engine.api import (
 )
 from toolflash.gateway import sse
 from toolflash.gateway.config import GatewayConfig
-from toolflash.gateway.errors import BadRequest, to_gateway_error
+from toolflash.gateway.errors import to_gateway_error
+from toolflash.gateway.limits import check_prompt_chars, check_token_ids
 from toolflash.gateway.logprobs import completion_logprobs
 from toolflash.gateway.protocol import (
     Completion,
@@ -31,11 +32,13 @@ from toolflash.gateway.protocol import (
 from toolflash.gateway.sampling import resolve_sampling
 from toolflash.gateway.serving import (
     ControllerFactory,
+    GatewayContext,
     RequestRun,
     decision_log,
     gateway,
     new_id,
-    read_json,
+    parse_json,
+    read_body,
     token_budget,
     watch_disconnect,
 )
@@ -45,33 +48,34 @@ from toolflash.gateway.worker import Prepared
 from toolflash.policy.request_class import classify
 
 
+def completion_tokens(req: CompletionRequest, engine: Engine) -> tuple[int, ...]:
+    """The prompt's token ids (on a render thread): text is tokenized once it could fit the
+    context; ids must index the model's vocabulary (ids past it reached MLX's embedding)."""
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
+        prompt = prompt[0]  # one prompt (checked by validation)
+    if isinstance(prompt, str):
+        check_prompt_chars(len(prompt), engine.context_length, engine.max_token_chars, "prompt")
+        return tuple(engine.encode(prompt))
+    ids = [int(t) for t in prompt]
+    check_token_ids(ids, engine.vocab_size)
+    return tuple(ids)
+
+
 def completion_preparer(
     req: CompletionRequest,
+    tokens: tuple[int, ...],
     config: GatewayConfig,
     request_id: str,
     controller_factory: ControllerFactory | None = None,
 ) -> Callable[[Engine], Prepared]:
-    prompt = req.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
-        prompt = prompt[0]  # one prompt (checked by validation)
-
     def prepare(engine: Engine) -> Prepared:
-        if isinstance(prompt, str):
-            tokens = engine.encode(prompt)
-        else:
-            tokens = [int(t) for t in prompt]
-            try:
-                engine.decode(tokens)
-            except (ValueError, IndexError, KeyError, OverflowError, TypeError):
-                raise BadRequest(
-                    "prompt contains token ids outside the model's vocabulary", param="prompt"
-                ) from None
         max_tokens, clamped = token_budget(
             len(tokens), req.max_tokens, engine.context_length, config.default_max_tokens
         )
         sampling = resolve_sampling(req, engine.generation_defaults, engine.vocab_size)
         request = GenerationRequest(
-            prompt_tokens=tuple(tokens),
+            prompt_tokens=tokens,
             max_tokens=max_tokens,
             mode=config.mode,
             block_size=config.block_size,
@@ -132,17 +136,29 @@ async def _texts(run: RequestRun) -> AsyncIterator[str]:
                 run.outcome = "cancelled"
 
 
+def parse_completion(raw: bytes, ctx: GatewayContext) -> tuple[CompletionRequest, str]:
+    """The validated request and the served model it names (on a render thread)."""
+    req = CompletionRequest.model_validate(parse_json(raw, ctx.config.max_json_depth))
+    model = ctx.resolve_model(req.model)
+    check_completion_supported(req, ctx.engine().context_length)
+    return req, model
+
+
 async def create_completion(request: Request) -> Response:
     ctx = gateway(request)
-    body = await read_json(request, ctx.config.max_body_bytes)
-    req = CompletionRequest.model_validate(body)
-    model = ctx.resolve_model(req.model)
-    check_completion_supported(req)
-    ctx.engine()
+    raw = await read_body(request, ctx.config.max_body_bytes)
+    req, model = await ctx.offload(lambda: parse_completion(raw, ctx))
+    engine = ctx.engine()
     run = RequestRun(
         ctx, "completions", new_id("cmpl"), model, bool(req.stream), req.ignored_fields()
     )
-    job = run.submit(completion_preparer(req, ctx.config, run.request_id, ctx.controller_factory))
+    try:
+        tokens = await ctx.offload(lambda: completion_tokens(req, engine))
+    except Exception as exc:
+        raise run.fail(exc) from exc
+    job = run.submit(
+        completion_preparer(req, tokens, ctx.config, run.request_id, ctx.controller_factory)
+    )
     watcher = asyncio.create_task(watch_disconnect(request, job))
     try:
         prepared = await run.wait_prepared()

@@ -60,7 +60,12 @@ def _json_constraint(req: ChatCompletionRequest) -> OutputConstraint | None:
         )
     schema = spec.get("schema")
     if schema is None:
-        schema = {"type": "object"}
+        # As OpenAI's: json_schema names its schema (json_object asks for any object).
+        raise BadRequest(
+            "response_format 'json_schema' needs json_schema.schema (use type 'json_object' "
+            "for any JSON object)",
+            param=f"{param}.schema",
+        )
     strict = spec.get("strict") is True
     try:
         check_schema(schema, strict, param=f"{param}.schema")

@@ -55,6 +55,37 @@ def _json_rule(schema: Mapping[str, Any], strict: bool) -> str:
     return "%json" + json.dumps(merged, ensure_ascii=False)
 
 
+_OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+
+
+def closed_objects(schema: Any) -> Any:
+    """`schema` with `additionalProperties: false` on every object schema that declares
+    `properties` and says nothing about other keys: tool arguments name only what the tool
+    declares (vLLM/xgrammar's and OpenAI's strict tools), unless the schema opens them
+    explicitly. Without it the tiny model wrote 100+ tokens of an undeclared `body` object
+    and hit max_tokens. Inside `allOf` nothing is closed (each part sees only its own
+    properties, so closing one would refuse the others')."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    closable = "allOf" not in out and not any(k in out for k in _OPEN_KEYWORDS)
+    if isinstance(out.get("properties"), Mapping) and closable:
+        out["additionalProperties"] = False
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {k: closed_objects(v) for k, v in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(v) for v in out[key]]
+    if "items" in out:
+        out["items"] = closed_objects(out["items"])
+    if isinstance(out.get("additionalProperties"), Mapping):
+        out["additionalProperties"] = closed_objects(out["additionalProperties"])
+    return out
+
+
 def check_schema(schema: Mapping[str, Any], strict: bool = True, param: str | None = None) -> None:
     """Raise `ConstraintError` if `schema` is not a valid JSON Schema, or (when `strict`) uses
     keywords the grammar engine cannot enforce (e.g. `not`)."""
@@ -160,7 +191,7 @@ def _call_sequence(
 
 
 def _hermes_call(tool: ToolSpec, enforce: bool, tags: _Tags) -> str:
-    schema = tool.parameters if (enforce and tool.parameters) else ANY_OBJECT
+    schema = closed_objects(tool.parameters) if (enforce and tool.parameters) else ANY_OBJECT
     head = _lit('\n{"name": ' + json.dumps(tool.name) + ', "arguments": ')
     return (
         f"{tags.ref('<tool_call>')} {head} {_json_rule(schema, tool.strict or not enforce)} "
@@ -218,7 +249,7 @@ def _xml_value(
     if not isinstance(prop, Mapping):
         prop = {}
     if prop.get("type") != "string":
-        return f"{_json_rule({**prop, **defs}, tool.strict)} {close}"
+        return f"{_json_rule(closed_objects({**prop, **defs}), tool.strict)} {close}"
     choices = prop.get("enum") if "enum" in prop else ([prop["const"]] if "const" in prop else None)
     if choices is not None:
         alts = " | ".join(_lit(c) for c in choices if isinstance(c, str))

@@ -386,3 +386,39 @@ def test_generation_stats_carry_the_constraint_figures(engine: Any, temperature:
     free = GenerationRequest(tuple(prompt), 8, sampling=sampling)
     finish = [e for e in engine.generate(free) if isinstance(e, FinishEvent)][0]
     assert finish.stats.constraint is None
+
+
+@pytest.mark.parametrize(
+    ("schema", "undeclared_ok"),
+    [
+        ({"type": "object", "properties": {"a": {"type": "integer"}}}, False),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}},
+                "additionalProperties": True,
+            },
+            True,
+        ),
+        ({"type": "object", "properties": {"a": {"type": "object", "properties": {}}}}, False),
+    ],
+)
+def test_tool_grammars_are_strict_unless_the_schema_opens_objects(
+    engine: Any, schema: dict[str, Any], undeclared_ok: bool
+) -> None:
+    """Forced calls and strict tools: only declared properties (an undeclared `body` object
+    once ran a forced call into max_tokens), unless the schema allows others explicitly."""
+    gt = grammar_tokenizer(engine.tokenizer)
+    nested = "properties" in schema["properties"]["a"]
+    args = '{"a": {"body": 1}}' if nested else '{"a": 1, "body": {}}'
+    for tools in ((ToolSpec("f", schema, False),), (ToolSpec("f", schema, True),)):
+        for require in (True, False):
+            constraint = OutputConstraint(
+                "tool_calls", tools=tools, require_call=require, tool_format="hermes"
+            )
+            if not require and not tools[0].strict:
+                continue  # auto with a non-strict tool: no constraint at all
+            m = gt.matcher(build_grammar(constraint, gt.is_special))
+            text = '<tool_call>\n{"name": "f", "arguments": ' + args + "}\n</tool_call>"
+            ids = engine.encode(text)
+            assert (m.try_consume_tokens(ids) == len(ids)) == undeclared_ok, (tools, require)

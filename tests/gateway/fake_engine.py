@@ -73,17 +73,18 @@ class FakeEngine:
     think_in_prompt: bool = False
     cached_tokens: int = 0
     vocab_size: int = 0x110000  # characters are tokens
+    max_token_chars: int = 1
     generation_defaults: dict[str, float] = field(default_factory=dict)
     # Observations for tests.
     last_chat: tuple[Any, Any, Any] | None = None
     last_request: GenerationRequest | None = None
     finishes: list[str] = field(default_factory=list)
     active: threading.Event = field(default_factory=threading.Event)
-    threads: set[str] = field(default_factory=set)
+    threads: set[str] = field(default_factory=set)  # where generate ran
+    encode_threads: set[str] = field(default_factory=set)  # where chat templates rendered
 
     # -- tokenizer ---------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        self.threads.add(threading.current_thread().name)
         return [ord(c) for c in text]
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -95,6 +96,7 @@ class FakeEngine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
+        self.encode_threads.add(threading.current_thread().name)
         self.last_chat = (list(messages), tools, dict(template_kwargs or {}))
         text = ""
         if tools:

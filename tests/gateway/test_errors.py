@@ -223,9 +223,15 @@ def test_bad_chat_requests(
 
 
 def test_context_error_names_the_limits(small: Served) -> None:
-    big = {**OK, "messages": [{"role": "user", "content": "x" * 400}]}
+    # Fits by its characters (one per token here), not once the template wraps it.
+    big = {**OK, "messages": [{"role": "user", "content": "x" * 240}]}
     err = assert_error(post(small, "/v1/chat/completions", json=big), 400)
     assert "256" in err["message"] and "prompt tokens" in err["message"]
+    # Cannot fit by its characters alone: refused before the template or the tokenizer.
+    small.engine.last_chat = None
+    big = {**OK, "messages": [{"role": "user", "content": "x" * 400}]}
+    err = assert_error(post(small, "/v1/chat/completions", json=big), 400, "400 characters")
+    assert err["code"] == "context_length_exceeded" and small.engine.last_chat is None
 
 
 def test_oversized_chunked_body(small: Served) -> None:

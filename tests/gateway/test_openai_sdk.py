@@ -7,11 +7,13 @@ import json
 
 import httpx
 import openai
+import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion import Completion
 
 from tests.gateway.conftest import Served, serve
 from tests.gateway.fake_engine import FakeEngine
+from toolflash.gateway.config import GatewayConfig
 
 READ_TOOL = {
     "type": "function",
@@ -164,13 +166,16 @@ def test_xml_tool_calls_stream_equals_non_stream(served_xml: Served) -> None:
     assert json.loads(whole["calls"][0]["arguments"]) == {"path": "a b.py", "limit": 3}
 
 
-def test_tool_arguments_stream_incrementally(served: Served) -> None:
+def test_tool_arguments_stream_incrementally() -> None:
+    # Cycles further apart than the stream interval: each goes out as it comes (a faster
+    # engine's cycles would be written together, one write per interval).
     script = hermes_call("run", {"cmd": "echo " + "abcdefgh" * 8})
-    chunks = list(
-        served.client().chat.completions.create(
-            model="fake-model", messages=user("SCRIPT:" + script), tools=[RUN_TOOL], stream=True
+    with serve(FakeEngine(cycle_delay_s=0.003), GatewayConfig(stream_interval_ms=1)) as served:
+        chunks = list(
+            served.client().chat.completions.create(
+                model="fake-model", messages=user("SCRIPT:" + script), tools=[RUN_TOOL], stream=True
+            )
         )
-    )
     arg_chunks = [
         tc
         for c in chunks
@@ -356,10 +361,17 @@ def test_max_tokens_and_default_budget(served: Served) -> None:
     served.client().chat.completions.create(model="fake-model", messages=user("x"))
     req = served.engine.last_request
     assert req.max_tokens == served.engine.context_length - len(req.prompt_tokens)
+    # Fits the context, not beside this prompt: clamped (agents send their configured limit).
     r = served.client().chat.completions.create(
-        model="fake-model", messages=user("x"), max_tokens=10**6
+        model="fake-model", messages=user("x"), max_tokens=served.engine.context_length - 1
     )
     assert r.model_extra["toolflash"]["max_tokens_clamped"] is True
+    # No prompt could leave room for it: a 400, as OpenAI's.
+    with pytest.raises(openai.BadRequestError) as e:
+        served.client().chat.completions.create(
+            model="fake-model", messages=user("x"), max_tokens=10**9
+        )
+    assert e.value.body["param"] == "max_tokens"
 
 
 def test_unknown_fields_ignored_and_reported(served: Served) -> None:

@@ -148,7 +148,7 @@ def test_health_503_while_loading_then_200() -> None:
         assert engine.threads == {"toolflash-engine"} or not engine.threads
 
 
-def test_engine_runs_on_one_worker_thread() -> None:
+def test_engine_runs_on_one_worker_thread_and_prompts_render_off_it() -> None:
     engine = FakeEngine()
     with serve(engine) as s:
         c = s.client()
@@ -158,6 +158,10 @@ def test_engine_runs_on_one_worker_thread() -> None:
             )
         c.completions.create(model="fake-model", prompt="abc")
     assert engine.threads == {"toolflash-engine"}
+    # Templates and tokenization run on the render threads, never on the engine thread.
+    assert engine.encode_threads and all(
+        t.startswith("toolflash-render") for t in engine.encode_threads
+    )
 
 
 def test_load_failure_reported() -> None:

@@ -7,12 +7,14 @@ while the model loads and 200 when it is ready; a failed load stops the server (
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import os
 import sys
 from typing import Any
 
 from toolflash.commands.options import add_draft_length, add_policy_config
+from toolflash.gateway.config import GatewayConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,8 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="output cap when a request names none (it otherwise fills the context)",
     )
     p.add_argument(
-        "--max-body-mb", type=float, default=16.0, help="request body limit (413 past it)"
+        "--max-body-mb",
+        type=float,
+        default=GatewayConfig.max_body_bytes / (1024 * 1024),
+        help="request body limit (413 past it)",
     )
+    add_config_flags(p)
     p.add_argument("--log-format", choices=("json", "console"), default="json")
     p.add_argument("--log-level", default="info")
     p.add_argument("--no-cache", action="store_true", help="disable the prefix cache")
@@ -89,6 +95,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="YAML file with any of these options (keys like max_queue or max-queue); "
         "flags given on the command line win",
+    )
+
+
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def add_config_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per `GatewayConfig` setting that declares a `help` (its name, dashed; its
+    default and type from the declaration), so each setting is declared once."""
+    for f in dataclasses.fields(GatewayConfig):
+        if "help" not in f.metadata:
+            continue
+        default = f.default
+        kind: Any = _comma_list if isinstance(default, tuple) else type(default)
+        shown = ",".join(default) if isinstance(default, tuple) else default
+        p.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            type=kind,
+            default=default,
+            help=f"{f.metadata['help']} (default: {shown})",
+        )
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    """The gateway settings these arguments give."""
+    derived = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(GatewayConfig)
+        if "help" in f.metadata
+    }
+    return GatewayConfig(
+        mode=args.mode,
+        block_size=args.block_size,
+        max_queue=args.max_queue,
+        api_key=args.api_key,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        default_max_tokens=args.default_max_tokens,
+        served_model_names=tuple(args.served_model_name),
+        **derived,
     )
 
 
@@ -199,17 +245,8 @@ def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
     import uvicorn
 
     from toolflash.gateway.app import create_app
-    from toolflash.gateway.config import GatewayConfig
 
-    config = GatewayConfig(
-        mode=args.mode,
-        block_size=args.block_size,
-        max_queue=args.max_queue,
-        api_key=args.api_key,
-        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
-        default_max_tokens=args.default_max_tokens,
-        served_model_names=tuple(args.served_model_name),
-    )
+    config = config_from_args(args)
     failed: list[BaseException] = []
     holder: list[uvicorn.Server] = []
 
