@@ -13,7 +13,6 @@ from openai.types.completion import Completion
 
 from tests.gateway.conftest import Served, serve
 from tests.gateway.fake_engine import FakeEngine
-from toolflash.gateway.config import GatewayConfig
 
 READ_TOOL = {
     "type": "function",
@@ -166,16 +165,13 @@ def test_xml_tool_calls_stream_equals_non_stream(served_xml: Served) -> None:
     assert json.loads(whole["calls"][0]["arguments"]) == {"path": "a b.py", "limit": 3}
 
 
-def test_tool_arguments_stream_incrementally() -> None:
-    # Cycles further apart than the stream interval: each goes out as it comes (a faster
-    # engine's cycles would be written together, one write per interval).
+def test_tool_arguments_stream_incrementally(served: Served) -> None:
     script = hermes_call("run", {"cmd": "echo " + "abcdefgh" * 8})
-    with serve(FakeEngine(cycle_delay_s=0.003), GatewayConfig(stream_interval_ms=1)) as served:
-        chunks = list(
-            served.client().chat.completions.create(
-                model="fake-model", messages=user("SCRIPT:" + script), tools=[RUN_TOOL], stream=True
-            )
+    chunks = list(
+        served.client().chat.completions.create(
+            model="fake-model", messages=user("SCRIPT:" + script), tools=[RUN_TOOL], stream=True
         )
+    )
     arg_chunks = [
         tc
         for c in chunks
