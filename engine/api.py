@@ -138,9 +138,11 @@ class CycleRecord:
     ended before the block was full (the grammar allowed nothing further, e.g. after a closed
     call), so `block_size` is smaller than asked although the block was not limited.
 
-    Spec phases overlap: `draft_s` runs until the draft is computed, and the verify forward's
-    graph is built meanwhile; `verify_s` is the rest of the verify (its evaluation and the
-    acceptance); `rollback_s` the commit."""
+    Spec phases overlap (one host synchronisation per cycle): `draft_s` is the host's time to
+    build and queue the draft and the verify forward (the drafter computes meanwhile);
+    `verify_s` the wait for the verdict (the rest of the draft, the verify forward and the
+    acceptance); `rollback_s` the commit. Their sum is the cycle; the split between the two
+    forwards is measured apart (`toolflash bench --baseline mlx-lm`, phase split)."""
 
     index: int
     mode: Mode

@@ -180,7 +180,8 @@ class GreedyChooser:
         accepted_arr = greedy_acceptance(draft, choice)
         mx.eval(choice, accepted_arr)
         accepted = min(host_int(accepted_arr), allowed)
-        return Verdict(accepted, host_ints(draft)[:accepted] + [host_int(choice[accepted])])
+        # Read off the evaluated arrays (indexing `choice` on the device would be another sync).
+        return Verdict(accepted, host_ints(draft)[:accepted] + [host_ints(choice)[accepted]])
 
     def choose_run(self, proposal: Proposal, target_logits: mx.array) -> Verdict:
         # Greedy verification keeps exactly the rows where the (processed) argmax, AR's

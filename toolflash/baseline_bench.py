@@ -220,6 +220,7 @@ def run_comparison(
         for variant in variants:
             runner.run(variant, case, "eos")
     cells: dict[tuple[str, str, StopMode], Cell] = {}
+    outputs_of: dict[int, list[int]] = {}  # a baseline output per case, for the phase split
     total = repeats * len(stops) * len(cases) * len(variants)
     t0 = time.perf_counter()
     with _progress(total, progress) as tick:
@@ -230,12 +231,51 @@ def run_comparison(
                     rng.shuffle(order)
                     outputs = {v: runner.run(v, case, stop) for v in _ticking(order, tick)}
                     base = outputs[BASELINE].tokens
+                    outputs_of[case.index] = base
                     for v, t in outputs.items():
                         for kind in (case.kind, ALL_KINDS):
                             cells.setdefault((v, kind, stop), Cell()).add(rep, t, t.tokens == base)
-    return _report(
+    report = _report(
         engine, cells, variants, stops, cases, max_tokens, repeats, time.perf_counter() - t0
     )
+    if "spec-fixed" in variants:
+        report["phases"] = _phases(engine, cells, stops, cases, outputs_of)
+    return report
+
+
+def _phases(
+    engine: Any,
+    cells: Mapping[tuple[str, str, StopMode], Cell],
+    stops: Sequence[StopMode],
+    cases: Sequence[Case],
+    outputs_of: Mapping[int, list[int]],
+) -> list[dict[str, Any]]:
+    """Per kind: the fixed-block spec cycle's wall time (decode time over cycles, so the
+    engine loop between cycles counts) split into drafter forward, verify forward and the
+    rest, the forwards timed alone at the kind's first prompt plus half its output."""
+    from toolflash.cycle_phases import forward_costs, phase_split
+
+    block = engine.default_block_size
+    rows = []
+    for kind in dict.fromkeys(c.kind for c in cases):
+        case = next(c for c in cases if c.kind == kind)
+        output = outputs_of.get(case.index, [])
+        costs = forward_costs(engine, [*case.ids, *output[: len(output) // 2]], block)
+        for stop in stops:
+            cell = cells[("spec-fixed", kind, stop)]
+            cycle_s = cell.seconds / cell.cycles if cell.cycles else 0.0
+            rows.append(
+                {
+                    "kind": kind,
+                    "stop": stop,
+                    "block": block,
+                    "cycle_ms": round(cycle_s * 1e3, 3),
+                    "draft_ms": round(costs["draft_s"] * 1e3, 3),
+                    "verify_ms": round(costs["verify_s"] * 1e3, 3),
+                    **phase_split(cycle_s, costs),
+                }
+            )
+    return rows
 
 
 def _default_policy() -> Any:
@@ -360,6 +400,20 @@ def format_comparison(report: Mapping[str, Any]) -> str:
                 f"{kind:<10} {base['tok_s']:>12.1f} " + " ".join(f"{c:>24}" for c in cells)
             )
     lines.append("cell: ratio [spread] tok/cyc same/runs")
+    if report.get("phases"):
+        lines += [
+            "",
+            "spec-fixed cycle (wall, incl. the engine loop) vs its forwards timed alone:",
+            f"{'kind':<10} {'stop':<7} {'block':>5} {'cycle ms':>9} {'draft':>14} "
+            f"{'verify':>14} {'overhead':>9}",
+        ]
+        for r in report["phases"]:
+            lines.append(
+                f"{r['kind']:<10} {r['stop']:<7} {r['block']:>5} {r['cycle_ms']:>9.2f} "
+                f"{r['draft_ms']:>6.2f} ({100 * r['draft']:>4.1f}%) "
+                f"{r['verify_ms']:>6.2f} ({100 * r['verify']:>4.1f}%) "
+                f"{100 * r['overhead']:>8.1f}%"
+            )
     return "\n".join(lines)
 
 

@@ -110,6 +110,10 @@ def _run_baseline(args: argparse.Namespace, engine: Any, prompts: list[Any]) -> 
         run_comparison,
     )
 
+    from toolflash.gateway.logs import configure_logging
+
+    # The policy logs every decision at info: the progress bar is the run's only output.
+    configure_logging(json_lines=False, level="warning")
     stops = [s.strip() for s in args.stop.split(",") if s.strip()]
     if not stops or any(s not in ("eos", "length") for s in stops):
         raise SystemExit("--stop: eos, length or eos,length")
