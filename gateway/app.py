@@ -7,7 +7,6 @@ import contextlib
 import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
@@ -32,7 +31,7 @@ from toolflash.gateway.errors import (
 from toolflash.gateway.metrics import GatewayMetrics, StatsCollector
 from toolflash.gateway.openapi import openapi_document
 from toolflash.gateway.protocol import ModelCard, ModelList
-from toolflash.gateway.serving import ControllerFactory, GatewayContext, gateway
+from toolflash.gateway.serving import ControllerFactory, GatewayContext, gateway, render_pool
 from toolflash.gateway.serving_chat import create_chat_completion
 from toolflash.gateway.serving_completions import create_completion
 from toolflash.gateway.status import LiveStatus
@@ -185,9 +184,7 @@ def create_app(
             metrics=GatewayMetrics(lambda: worker.waiting, lambda: worker.running),
             status=LiveStatus(worker),
             controller_factory=controller_factory,
-            renderer=ThreadPoolExecutor(
-                max_workers=config.render_threads, thread_name_prefix="toolflash-render"
-            ),
+            renderer=render_pool(config),
         )
         app.state.gateway = ctx
 

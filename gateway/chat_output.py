@@ -111,6 +111,11 @@ class ChatOutput:
         self.reports: list[ToolCallReport] = []
         self.rejected: list[dict[str, Any]] = []
         self.stop_requested = False
+        # The text fed so far and whether any of it reached a delta: a generation cut before
+        # anything showed (an empty `<think>` opening, a forced call's first tokens) still
+        # returns what it has.
+        self._raw = ""
+        self._shown = False
 
     def results(self) -> tuple[str, ...]:
         """How each tool-call span turned out, for metrics."""
@@ -130,12 +135,25 @@ class ChatOutput:
     def feed(self, text: str) -> list[Delta]:
         if self.stop_requested or not text:
             return []
-        return self._route(self._reasoning.feed(text), final=False)
+        self._raw += text
+        return self._seen(self._route(self._reasoning.feed(text), final=False))
 
     def close(self) -> list[Delta]:
+        """The deltas the end of the text completes. A message is never empty: when nothing
+        generated showed as reasoning, content or a call (a cut generation: max_tokens inside
+        the `<think>` glue or a forced call's opening tag), the raw text is its content."""
         if self.stop_requested:
             return []
-        return self._route(self._reasoning.close(), final=True)
+        out = self._seen(self._route(self._reasoning.close(), final=True))
+        if not self._shown and self._raw.strip():
+            out.append(ContentDelta(self._raw))
+            self._shown = True
+        return out
+
+    def _seen(self, deltas: list[Delta]) -> list[Delta]:
+        if deltas:
+            self._shown = True
+        return deltas
 
     def _route(self, segments: list[tuple[str, str]], *, final: bool) -> list[Delta]:
         out: list[Delta] = []

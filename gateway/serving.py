@@ -78,13 +78,19 @@ class GatewayContext:
     async def offload(self, fn: Callable[[], T]) -> T:
         """`fn()` on a render thread within `render_timeout_s`. Past it the client gets a 400
         at once; the thread finishes the work it cannot be interrupted in, and its result
-        is dropped (what it renders is bounded by the body limit and the checks before)."""
+        is dropped (what it renders is bounded by the body limit and the checks before).
+        The pool it holds is replaced by a fresh one, so later requests do not queue behind
+        it (the old pool's threads end with their work)."""
         if self.renderer is None:
             return fn()
-        future = asyncio.get_running_loop().run_in_executor(self.renderer, fn)
+        pool = self.renderer
+        future = asyncio.get_running_loop().run_in_executor(pool, fn)
         try:
             return await asyncio.wait_for(future, self.config.render_timeout_s)
         except TimeoutError:
+            if self.renderer is pool:
+                self.renderer = render_pool(self.config)
+                pool.shutdown(wait=False)
             raise BadRequest(
                 f"preparing the prompt took more than {self.config.render_timeout_s:g} s "
                 "(chat template, schema or tokenizer); send less",
@@ -111,6 +117,13 @@ class GatewayContext:
             f"The model '{requested}' does not exist; this server serves: {', '.join(names)}",
             param="model",
         )
+
+
+def render_pool(config: GatewayConfig) -> ThreadPoolExecutor:
+    """The threads that parse, render and tokenize requests (`GatewayContext.offload`)."""
+    return ThreadPoolExecutor(
+        max_workers=config.render_threads, thread_name_prefix="toolflash-render"
+    )
 
 
 def gateway(request: Request) -> GatewayContext:
