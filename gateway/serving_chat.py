@@ -220,30 +220,37 @@ def _extra(output: ChatOutput, answer: JsonAnswer | None = None) -> dict[str, An
 async def _drive(
     run: RequestRun, output: ChatOutput, answer: JsonAnswer | None = None
 ) -> AsyncIterator[list[Delta]]:
-    """Engine events -> delta groups; sets the run's stats and finish reason at the end."""
+    """Engine events -> delta groups, one per batch of events read together (`Job.batches`:
+    a stream reads at most one batch per `stream_interval_ms`); sets the run's stats and
+    finish reason at the end."""
     assert run.job is not None
-    async for event in run.job.events():
-        if isinstance(event, TokenEvent):
-            if event.token_ids:
+    async for batch in run.job.batches(run.ctx.config.stream_interval_ms / 1e3):
+        deltas: list[Delta] = []
+        tokens = [e for e in batch if isinstance(e, TokenEvent)]
+        if tokens:
+            if any(e.token_ids for e in tokens):
                 run.token_seen()
-            run.logprobs.extend(event.logprobs)
-            deltas = output.feed(event.text)
+            for e in tokens:
+                run.logprobs.extend(e.logprobs)
+            deltas = output.feed("".join(e.text for e in tokens))
             if output.stop_requested:
                 run.job.cancel.set()  # parallel_tool_calls false: one call, then stop
-        elif isinstance(event, FinishEvent):
-            deltas = output.close()
+            if answer is not None:
+                answer.add(deltas)
+        event = batch[-1]
+        if isinstance(event, FinishEvent):
+            closing = output.close()
+            deltas += closing
             run.stats = event.stats
             run.finish_reason = chat_finish_reason(event.finish_reason, output)
             run.tool_calls = output.results()
             if event.finish_reason == "cancelled" and not output.stop_requested:
                 run.outcome = "cancelled"
             if answer is not None:
-                answer.add(deltas)
+                answer.add(closing)
                 failed = answer.finish(run.finish_reason, output.valid_calls)
                 if failed is not None:
                     raise failed
-        if answer is not None and isinstance(event, TokenEvent):
-            answer.add(deltas)
         if deltas:
             yield deltas
 
@@ -331,26 +338,30 @@ async def stream_chat(
             yield sse.event(
                 chunk(choices=[ChunkChoice(delta=ChatDelta(role="assistant", content=""))])
             )
+            # One write per batch of deltas: the events of its chunks go out together.
             async for deltas in _drive(run, output, answer):
-                for delta in delta_messages(deltas):
-                    # A chunk carries the log-probabilities of the tokens received since the
-                    # last chunk (held-back text can make a chunk carry several events').
-                    lp = _pending_logprobs(run)
-                    yield sse.event(chunk(choices=[ChunkChoice(delta=delta, logprobs=lp)]))
+                # A chunk carries the log-probabilities of the tokens received since the last
+                # chunk (a batch's first chunk carries its events').
+                yield "".join(
+                    sse.event(
+                        chunk(choices=[ChunkChoice(delta=d, logprobs=_pending_logprobs(run))])
+                    )
+                    for d in delta_messages(deltas)
+                )
             info = run.info(_extra(output, answer))
             final = ChunkChoice(
                 delta=ChatDelta(), finish_reason=run.finish_reason, logprobs=_pending_logprobs(run)
             )
-            yield sse.event(chunk(choices=[final], toolflash=None if include_usage else info))
+            end = sse.event(chunk(choices=[final], toolflash=None if include_usage else info))
             if include_usage:
-                yield sse.event(chunk(choices=[], usage=_usage(run), toolflash=info))
+                end += sse.event(chunk(choices=[], usage=_usage(run), toolflash=info))
             if run.outcome == "pending":
                 run.outcome = "success"
         except Exception as exc:  # after headers: an error event, then [DONE]
             err = to_gateway_error(exc)
             status, error, run.outcome = err.status, err.message, "error"
-            yield sse.event(err.body())
-        yield sse.DONE
+            end = sse.event(err.body())
+        yield end + sse.DONE
     finally:
         if run.outcome == "pending":  # the client went away mid-stream
             run.outcome = "cancelled"

@@ -1,8 +1,10 @@
 """The engine worker: one thread owns the engine (MLX stays on it) and serves jobs in FIFO order.
 
-HTTP handlers never touch the engine: they submit a `Job` and read its items from an asyncio
-queue the worker fills with `loop.call_soon_threadsafe`. The waiting queue is bounded; a full
-queue raises `Overloaded` (429) with a Retry-After estimated from recent job durations.
+HTTP handlers never touch the engine: they submit a `Job` and read its items in batches: the
+worker appends to the job's buffer and wakes the event loop (`loop.call_soon_threadsafe`) only
+when the reader is waiting, so items pushed while the loop is busy, or while a stream paces its
+writes, cost no wake-up and are read together. The waiting queue is bounded; a full queue raises
+`Overloaded` (429) with a Retry-After estimated from recent job durations.
 """
 
 from __future__ import annotations
@@ -55,32 +57,89 @@ class Job:
         self.tokens = 0
         self.mode = ""
         self._loop = asyncio.get_running_loop()
-        self._items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        # Items cross threads through `_pushed` under `_lock`; `_waiter` is set while the
+        # reader waits for one (then the next push wakes it); `_taken` holds items the reader
+        # took but has not handed out yet.
+        self._lock = threading.Lock()
+        self._pushed: deque[tuple[str, Any]] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._taken: list[tuple[str, Any]] = []
 
     def push(self, kind: str, payload: Any) -> None:
         """Hand an item to the event loop (called from the worker thread)."""
+        with self._lock:
+            self._pushed.append((kind, payload))
+            waiter, self._waiter = self._waiter, None
+        if waiter is None:  # the reader is busy: it takes this item with the others
+            return
         try:
-            self._loop.call_soon_threadsafe(self._items.put_nowait, (kind, payload))
+            self._loop.call_soon_threadsafe(_wake, waiter)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             self.cancel.set()
 
+    async def _take(self) -> list[tuple[str, Any]]:
+        """Every item pushed and not yet read (at least one: waits for it)."""
+        if self._taken:
+            out, self._taken = self._taken, []
+            return out
+        while True:
+            with self._lock:
+                if self._pushed:
+                    out = list(self._pushed)
+                    self._pushed.clear()
+                    return out
+                waiter = self._waiter = self._loop.create_future()
+            await waiter
+
     async def wait_prepared(self) -> Prepared:
         """Wait for the worker to tokenize the request; raises what preparation raised."""
-        kind, payload = await self._items.get()
+        items = await self._take()
+        (kind, payload), self._taken = items[0], items[1:]
         if kind == "error":
             raise payload
         assert kind == "prepared"
         return payload
 
-    async def events(self) -> AsyncIterator[EngineEvent]:
-        """Engine events up to and including the FinishEvent; raises an engine failure."""
+    async def batches(self, min_interval_s: float = 0.0) -> AsyncIterator[list[EngineEvent]]:
+        """Engine events up to and including the FinishEvent, in batches: each batch is every
+        event that arrived since the previous one (at least one); raises an engine failure
+        after the events before it.
+
+        With `min_interval_s`, a batch is handed out at least that long after the previous one
+        (not the first, nor one that ends the generation), so a stream writes at most one
+        batch per interval however fast the engine goes; waiting costs no wake-up per event."""
+        handed_at: float | None = None
         while True:
-            kind, payload = await self._items.get()
-            if kind == "error":
-                raise payload
-            yield payload
-            if isinstance(payload, FinishEvent):
-                return
+            if handed_at is not None and min_interval_s > 0:
+                pause = handed_at + min_interval_s - time.perf_counter()
+                if pause > 0:
+                    await asyncio.sleep(pause)
+            items = await self._take()
+            events: list[EngineEvent] = []
+            for i, (kind, payload) in enumerate(items):
+                if kind == "error":
+                    self._taken = items[i:]  # raised on the next call, after these events
+                    break
+                events.append(payload)
+                if isinstance(payload, FinishEvent):
+                    yield events
+                    return
+            if events:
+                yield events
+                handed_at = time.perf_counter()
+            else:
+                raise items[0][1]
+
+    async def events(self) -> AsyncIterator[EngineEvent]:
+        """Engine events one by one, up to and including the FinishEvent."""
+        async for batch in self.batches():
+            for event in batch:
+                yield event
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():  # the reader may have been cancelled meanwhile
+        waiter.set_result(None)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from openai.types.completion import Completion
 
 from tests.gateway.conftest import Served, serve
 from tests.gateway.fake_engine import FakeEngine
+from toolflash.gateway.config import GatewayConfig
 
 READ_TOOL = {
     "type": "function",
@@ -165,13 +166,16 @@ def test_xml_tool_calls_stream_equals_non_stream(served_xml: Served) -> None:
     assert json.loads(whole["calls"][0]["arguments"]) == {"path": "a b.py", "limit": 3}
 
 
-def test_tool_arguments_stream_incrementally(served: Served) -> None:
+def test_tool_arguments_stream_incrementally() -> None:
+    # Cycles further apart than the stream interval: each goes out as it comes (a faster
+    # engine's cycles would be written together, one write per interval).
     script = hermes_call("run", {"cmd": "echo " + "abcdefgh" * 8})
-    chunks = list(
-        served.client().chat.completions.create(
-            model="fake-model", messages=user("SCRIPT:" + script), tools=[RUN_TOOL], stream=True
+    with serve(FakeEngine(cycle_delay_s=0.003), GatewayConfig(stream_interval_ms=1)) as served:
+        chunks = list(
+            served.client().chat.completions.create(
+                model="fake-model", messages=user("SCRIPT:" + script), tools=[RUN_TOOL], stream=True
+            )
         )
-    )
     arg_chunks = [
         tc
         for c in chunks

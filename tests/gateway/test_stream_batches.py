@@ -1,0 +1,175 @@
+"""Engine events reach the event loop in batches (`Job.batches`), and a stream writes a batch
+of deltas at once: the chunks a client reassembles are the same whether each cycle goes out on
+its own or many go out together."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+
+import pytest
+
+from tests.gateway.conftest import serve
+from tests.gateway.fake_engine import FakeEngine
+from tests.gateway.test_openai_sdk import READ_TOOL, RUN_TOOL, hermes_call, user
+from toolflash.engine.api import FinishEvent, GenerationStats, TokenEvent
+from toolflash.gateway.config import GatewayConfig
+from toolflash.gateway.worker import Job, Prepared
+
+
+def _token(i: int) -> TokenEvent:
+    return TokenEvent((i,), chr(ord("a") + i % 26))
+
+
+def _finish() -> FinishEvent:
+    return FinishEvent("stop", GenerationStats(1, 0, 0, 0.0, 0.0, ()))
+
+
+def _job() -> Job:
+    return Job("job", lambda engine: Prepared(None, None))  # type: ignore[arg-type]
+
+
+def test_items_pushed_meanwhile_come_in_one_batch() -> None:
+    async def main() -> None:
+        job = _job()
+        prepared = Prepared(None, None)  # type: ignore[arg-type]
+        job.push("prepared", prepared)
+        job.push("event", _token(0))
+        assert await job.wait_prepared() is prepared  # the event it took stays for batches()
+        batches = job.batches(min_interval_s=0.01)
+        first = await anext(batches)
+        handed = time.perf_counter()
+        for i in (1, 2, 3):
+            job.push("event", _token(i))
+        job.push("event", fin := _finish())
+        second = await anext(batches)
+        assert time.perf_counter() - handed >= 0.01 * 0.99  # paced: one interval at least
+        assert [e.token_ids for e in first] == [(0,)]
+        assert second[:-1] == [_token(1), _token(2), _token(3)] and second[-1] is fin
+        with pytest.raises(StopAsyncIteration):
+            await anext(batches)
+
+    asyncio.run(main())
+
+
+def test_an_error_is_raised_after_the_events_before_it() -> None:
+    async def main() -> None:
+        job = _job()
+        job.push("event", _token(0))
+        job.push("event", _token(1))
+        job.push("error", RuntimeError("engine failed"))
+        got = []
+        with pytest.raises(RuntimeError, match="engine failed"):
+            async for batch in job.batches():
+                got += batch
+        assert got == [_token(0), _token(1)]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("interval", [0.0, 0.002])
+def test_no_event_is_lost_or_reordered_across_threads(interval: float) -> None:
+    # The worker thread pushes while the reader alternates between waiting and being busy:
+    # every push that finds the reader waiting must wake it (a lost wake-up hangs here).
+    n = 3000
+
+    async def main() -> None:
+        job = _job()
+
+        def worker() -> None:
+            rng = random.Random(7)
+            for i in range(n):
+                job.push("event", _token(i))
+                if rng.random() < 0.05:
+                    time.sleep(rng.random() * 1e-3)
+            job.push("event", _finish())
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        got: list[int] = []
+
+        async def read() -> None:
+            async for batch in job.batches(interval):
+                got.extend(e.token_ids[0] for e in batch if isinstance(e, TokenEvent))
+
+        await asyncio.wait_for(read(), timeout=60)
+        thread.join()
+        assert got == list(range(n))
+
+    asyncio.run(main())
+
+
+def _chunks(url: str, body: dict) -> list[dict]:
+    import httpx
+
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=20) as r:
+        r.raise_for_status()
+        raw = r.read().decode()
+    events = raw.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    assert all(e.startswith("data: ") and "\n" not in e for e in events[:-1])
+    return [json.loads(e[6:]) for e in events[:-2]]
+
+
+def _fold(chunks: list[dict]) -> dict:
+    """What a client reassembles: texts, calls (ids dropped), logprob tokens, finish."""
+    out: dict = {"content": "", "reasoning": "", "calls": {}, "logprobs": [], "finish": None}
+    for ch in chunks:
+        for choice in ch["choices"]:
+            d = choice["delta"]
+            out["content"] += d.get("content") or ""
+            out["reasoning"] += d.get("reasoning_content") or ""
+            for tc in d.get("tool_calls") or []:
+                call = out["calls"].setdefault(tc["index"], {"name": None, "arguments": ""})
+                call["name"] = call["name"] or tc["function"].get("name")
+                call["arguments"] += tc["function"].get("arguments") or ""
+            out["logprobs"] += [
+                e["token"] for e in (choice.get("logprobs") or {}).get("content") or []
+            ]
+            out["finish"] = choice.get("finish_reason") or out["finish"]
+    return out
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_coalesced_stream_reassembles_to_the_same_message(thinking: bool) -> None:
+    script = (
+        ("<think>\nfirst the file, then the command\n</think>\n\n" if thinking else "")
+        + "Reading it. é 世界 🙂\n"
+        + hermes_call("read_file", {"path": "src/a.py", "limit": 5})
+        + "\n"
+        + hermes_call("run", {"cmd": 'grep -n "x" b.py'})
+    )
+    body = {
+        "model": "fake-model",
+        "messages": user("SCRIPT:" + script),
+        "tools": [READ_TOOL, RUN_TOOL],
+        "stream": True,
+        "logprobs": True,
+        "stream_options": {"include_usage": True},
+    }
+    # One write per cycle (cycles further apart than the interval) against one write per
+    # 50 ms (an instant engine: nearly everything in one write).
+    with serve(FakeEngine(cycle_delay_s=0.002), GatewayConfig(stream_interval_ms=0)) as s:
+        each = _chunks(s.url, body)
+    with serve(FakeEngine(), GatewayConfig(stream_interval_ms=50)) as s:
+        together = _chunks(s.url, body)
+        whole = s.client().chat.completions.create(**{**body, "stream": False})
+    assert _fold(each) == _fold(together)
+    assert len(together) < len(each)
+    folded = _fold(together)
+    assert folded["finish"] == "tool_calls" and [c["name"] for c in folded["calls"].values()] == [
+        "read_file",
+        "run",
+    ]
+    message = whole.choices[0].message
+    assert folded["content"] == (message.content or "")
+    assert [c.function.arguments for c in message.tool_calls or []] == [
+        c["arguments"] for c in folded["calls"].values()
+    ]
+    assert folded["logprobs"] == [e.token for e in whole.choices[0].logprobs.content]
+    # Same envelope on every chunk; usage and the toolflash object on the last.
+    assert {c["id"] for c in together} == {together[0]["id"]}
+    assert together[-1]["usage"]["completion_tokens"] == len(script)
