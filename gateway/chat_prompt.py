@@ -15,7 +15,7 @@ from typing import Any
 
 from toolflash.engine.api import Engine, OutputConstraint
 from toolflash.gateway.errors import BadRequest
-from toolflash.gateway.limits import check_prompt_chars
+from toolflash.gateway.limits import check_json_tree, check_prompt_chars
 from toolflash.gateway.protocol import (
     AssistantMessage,
     ChatCompletionRequest,
@@ -25,6 +25,9 @@ from toolflash.gateway.protocol import (
     content_text,
 )
 from toolflash.gateway.structured import build_constraint, for_prompt, reasoning_mode
+
+# Replayed tool-call arguments deeper than this reach the template as their raw string.
+_MAX_ARGUMENT_DEPTH = 32
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,10 @@ def _arguments(text: str) -> Any:
     (e.g. one cut by max_tokens) is passed on as the raw string instead of failing the turn."""
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+        # What the template renders must pass the body's own checks (depth, encodable
+        # strings); the raw string always does.
+        check_json_tree(value, _MAX_ARGUMENT_DEPTH)
+    except (json.JSONDecodeError, RecursionError, BadRequest):
         return text
     return value if isinstance(value, dict) else text
 

@@ -167,8 +167,8 @@ def check_logit_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
     """OpenAI's shape: token-id strings -> a bias in [-100, 100] (ids are checked against the
     model's vocabulary when the request is prepared)."""
     for key, value in (bias or {}).items():
-        if not (key.isascii() and key.isdigit()):
-            raise ValueError(f"keys must be token ids (non-negative integers), got {key!r}")
+        if not (key.isascii() and key.isdigit() and len(key) <= 10):
+            raise ValueError(f"keys must be token ids (non-negative integers), got {key[:20]!r}")
         if not -100 <= value <= 100:
             raise ValueError(f"bias for token {key} must be between -100 and 100, got {value}")
     return bias
@@ -201,7 +201,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
     # --8<-- [start:chat-extras]
     chat_template_kwargs: dict[str, Any] | None = None
     # Sampling extras (the openai SDK sends them through extra_body); -1 or 0: top_k off.
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1)
     min_p: float | None = Field(default=None, ge=0, le=1)
     # --8<-- [end:chat-extras]
 
@@ -244,7 +244,7 @@ class CompletionRequest(OpenAIBaseModel):
     top_p: float | None = Field(default=None, ge=0, le=1)
     user: str | None = None
     # --8<-- [start:completion-extras]
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1)
     min_p: float | None = Field(default=None, ge=0, le=1)
     # --8<-- [end:completion-extras]
 
