@@ -15,10 +15,17 @@ from typing import Any
 
 from toolflash.gateway.errors import BadRequest, ContextTooLong
 
+# A path as a linked list (parent, key): built for every container, read only on an error.
+_Link = tuple[Any, str | int] | None
 
-def _path(parts: Sequence[str | int]) -> str:
+
+def _path(link: _Link) -> str:
+    parts: list[str | int] = []
+    while link is not None:
+        link, key = link
+        parts.append(key)
     out = ""
-    for part in parts:
+    for part in reversed(parts):
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "body"
 
@@ -36,36 +43,40 @@ def encodable(text: str) -> bool:
 
 def check_json_tree(body: Any, max_depth: int) -> None:
     """Refuse a parsed body nested deeper than `max_depth` or holding a string (key or value)
-    that UTF-8 cannot encode. Iterative, so no depth can exhaust Python's stack here."""
-    stack: list[tuple[Any, int, tuple[str | int, ...]]] = [(body, 1, ())]
+    that UTF-8 cannot encode. Iterative, so no depth can exhaust Python's stack here (a 4 MB
+    body of a million empty objects takes ~0.5 s, on a render thread)."""
+    stack: list[tuple[Any, int, _Link]] = [(body, 1, None)]
     while stack:
-        node, depth, path = stack.pop()
-        if depth > max_depth:
-            raise BadRequest(
-                f"{_path(path)}: the request body is nested more than {max_depth} levels deep",
-                param=_path(path),
-            )
+        node, depth, link = stack.pop()
         items: Iterable[tuple[str | int, Any]]
         if isinstance(node, dict):
             for key in node:
                 if not encodable(key):
-                    raise _unencodable(path)
+                    raise _unencodable(link)
             items = node.items()
         else:
             items = enumerate(node)
         for key, value in items:
             if isinstance(value, str):
                 if not encodable(value):
-                    raise _unencodable((*path, key))
+                    raise _unencodable((link, key))
             elif isinstance(value, dict | list):
-                stack.append((value, depth + 1, (*path, key)))
+                if depth >= max_depth:
+                    where = _path((link, key))
+                    raise BadRequest(
+                        f"{where}: the request body is nested more than {max_depth} levels deep",
+                        param=where,
+                    )
+                if value:  # an empty container holds nothing more to check
+                    stack.append((value, depth + 1, (link, key)))
 
 
-def _unencodable(path: Sequence[str | int]) -> BadRequest:
+def _unencodable(link: _Link) -> BadRequest:
+    where = _path(link)
     return BadRequest(
-        f"{_path(path)}: the string is not valid Unicode (a lone surrogate such as \\ud800 "
+        f"{where}: the string is not valid Unicode (a lone surrogate such as \\ud800 "
         "cannot be encoded as UTF-8)",
-        param=_path(path),
+        param=where,
     )
 
 

@@ -248,6 +248,8 @@ COMPLETION = st.fixed_dictionaries(
     {"prompt": TEXT | TOKEN_IDS | st.lists(TOKEN_IDS, max_size=2) | st.lists(TEXT, max_size=2)},
     optional={**SAMPLING, "logprobs": NUMBER, "echo": st.booleans(), "suffix": TEXT},
 )
+
+
 def fuzz(examples: int) -> settings:
     return settings(
         max_examples=examples,
