@@ -141,3 +141,26 @@ def test_a_wrapper_that_tokenizes_differently_keeps_two_tokenizations(engine: An
 
     assert _fast_backend(engine.tokenizer) is not None
     assert _fast_backend(Shifted(engine.tokenizer)) is None
+
+
+def test_render_threads_each_read_their_own_prompt(engine: Any) -> None:
+    """The gateway renders on several threads at once: a thread's stable prefix is read off its
+    own last prompt, never off another thread's (which would be the fallback at best)."""
+    import threading
+
+    messages, tools, kwargs = CONVERSATIONS[5]
+    _, want = two_tokenizations(engine, messages, tools, kwargs)
+    mine = engine.encode_chat(messages, tools, kwargs)
+    other = threading.Thread(
+        target=engine.encode_chat, args=([{"role": "user", "content": "another request"}],)
+    )
+    other.start()
+    other.join()
+    calls: list[str] = []
+    encode = engine.encode
+    engine.encode = lambda text: calls.append(text) or encode(text)
+    try:
+        assert engine.stable_prefix(messages, tools, kwargs, mine) == want
+    finally:
+        del engine.encode
+    assert not calls  # this thread's encoding was still there to read
