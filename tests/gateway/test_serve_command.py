@@ -68,7 +68,7 @@ def test_engine_factory_is_lazy(monkeypatch: pytest.MonkeyPatch) -> None:
     build = serve._engine_factory(parse("--model", "m", "--block-size", "4", "--mode", "ar"))
     assert calls == []  # nothing is loaded until the lifespan's worker calls it
     assert build() == "engine"
-    (args, kwargs), = calls
+    ((args, kwargs),) = calls
     assert args == ("m", None) and kwargs["mode"] == "ar" and kwargs["block_size"] == 4
     assert kwargs["cache"].enabled and kwargs["cache"].l2_dir is None
 
@@ -153,3 +153,30 @@ def test_yaml_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="unknown option"):
         serve.apply_config(parse(), str(bad))
     assert serve.run(parse("--config", str(bad))) == 2
+
+
+def test_input_limits_are_flags_derived_from_the_config(tmp_path: Path) -> None:
+    """Each `GatewayConfig` setting with a `help` is a flag with its declared default; list
+    settings are comma-separated and repeatable, in YAML too."""
+    from toolflash.gateway.config import GatewayConfig
+
+    p = argparse.ArgumentParser()
+    serve.add_arguments(p)
+    assert serve.config_from_args(p.parse_args([])) == GatewayConfig()
+    args = p.parse_args(
+        [
+            "--max-json-depth",
+            "8",
+            "--template-kwargs",
+            "enable_thinking,x",
+            "--template-kwargs",
+            "y",
+        ]
+    )
+    config = serve.config_from_args(args)
+    assert config.max_json_depth == 8 and config.template_kwargs == ("enable_thinking", "x", "y")
+    path = tmp_path / "serve.yaml"
+    path.write_text("template_kwargs: [a, b]\nrender_timeout_s: 2.5\nmax_body_mb: 1\n")
+    config = serve.config_from_args(serve.apply_config(p.parse_args([]), str(path)))
+    assert config.template_kwargs == ("a", "b") and config.render_timeout_s == 2.5
+    assert config.max_body_bytes == 1 << 20

@@ -108,24 +108,33 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(GatewayConfig):
         if "help" not in f.metadata:
             continue
-        default = f.default
-        kind: Any = _comma_list if isinstance(default, tuple) else type(default)
-        shown = ",".join(default) if isinstance(default, tuple) else default
-        p.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            type=kind,
-            default=default,
-            help=f"{f.metadata['help']} (default: {shown})",
-        )
+        flag, default = f"--{f.name.replace('_', '-')}", f.default
+        if isinstance(default, tuple):  # a list: repeatable and comma-separated (YAML lists too)
+            p.add_argument(
+                flag,
+                type=_comma_list,
+                action="append",
+                default=None,
+                help=f"{f.metadata['help']} (default: {','.join(default)})",
+            )
+        else:
+            p.add_argument(
+                flag,
+                type=type(default),
+                default=default,
+                help=f"{f.metadata['help']} (default: {default})",
+            )
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     """The gateway settings these arguments give."""
-    derived = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(GatewayConfig)
-        if "help" in f.metadata
-    }
+    derived: dict[str, Any] = {}
+    for f in dataclasses.fields(GatewayConfig):
+        if "help" in f.metadata:
+            value = getattr(args, f.name)
+            if isinstance(f.default, tuple):
+                value = f.default if value is None else tuple(x for xs in value for x in xs)
+            derived[f.name] = value
     return GatewayConfig(
         mode=args.mode,
         block_size=args.block_size,
