@@ -57,39 +57,56 @@ class Job:
         self.tokens = 0
         self.mode = ""
         self._loop = asyncio.get_running_loop()
-        # Items cross threads through `_pushed` under `_lock`; `_waiter` is set while the
-        # reader waits for one (then the next push wakes it); `_taken` holds items the reader
-        # took but has not handed out yet.
+        # Items cross threads through `_pushed` under `_lock`. `_waiter` is set while the
+        # reader waits: for any item, or (`_waits_for_any` False: pacing its batches) only for
+        # one that ends the job; the push it waits for wakes it. `_ended`: such an item was
+        # pushed. `_taken` holds items the reader took but has not handed out yet.
         self._lock = threading.Lock()
         self._pushed: deque[tuple[str, Any]] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._waits_for_any = True
+        self._ended = False
         self._taken: list[tuple[str, Any]] = []
 
     def push(self, kind: str, payload: Any) -> None:
         """Hand an item to the event loop (called from the worker thread)."""
+        ends = kind == "error" or isinstance(payload, FinishEvent)
         with self._lock:
             self._pushed.append((kind, payload))
-            waiter, self._waiter = self._waiter, None
-        if waiter is None:  # the reader is busy: it takes this item with the others
-            return
+            self._ended = self._ended or ends
+            waiter = self._waiter
+            if waiter is None or not (self._waits_for_any or ends):
+                return  # the reader is busy or pacing: it takes this item with the others
+            self._waiter = None
         try:
             self._loop.call_soon_threadsafe(_wake, waiter)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             self.cancel.set()
 
-    async def _take(self) -> list[tuple[str, Any]]:
-        """Every item pushed and not yet read (at least one: waits for it)."""
+    async def _take(self, not_before: float = 0.0) -> list[tuple[str, Any]]:
+        """Every item pushed and not yet read (at least one: waits for it). Before
+        `not_before` (a `time.perf_counter()` time) it waits, unless the job has ended (its
+        FinishEvent or an error is in), so events that come meanwhile are read together."""
         if self._taken:
             out, self._taken = self._taken, []
             return out
+        pause = not_before - time.perf_counter()
         while True:
             with self._lock:
-                if self._pushed:
+                pacing = pause > 0 and not self._ended
+                if self._pushed and not pacing:
                     out = list(self._pushed)
                     self._pushed.clear()
                     return out
                 waiter = self._waiter = self._loop.create_future()
-            await waiter
+                self._waits_for_any = not pacing
+            timer = self._loop.call_later(pause, _wake, waiter) if pacing else None
+            try:
+                await waiter
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            pause = 0.0
 
     async def wait_prepared(self) -> Prepared:
         """Wait for the worker to tokenize the request; raises what preparation raised."""
@@ -108,13 +125,9 @@ class Job:
         With `min_interval_s`, a batch is handed out at least that long after the previous one
         (not the first, nor one that ends the generation), so a stream writes at most one
         batch per interval however fast the engine goes; waiting costs no wake-up per event."""
-        handed_at: float | None = None
+        not_before = 0.0
         while True:
-            if handed_at is not None and min_interval_s > 0:
-                pause = handed_at + min_interval_s - time.perf_counter()
-                if pause > 0:
-                    await asyncio.sleep(pause)
-            items = await self._take()
+            items = await self._take(not_before)
             events: list[EngineEvent] = []
             for i, (kind, payload) in enumerate(items):
                 if kind == "error":
@@ -124,11 +137,10 @@ class Job:
                 if isinstance(payload, FinishEvent):
                     yield events
                     return
-            if events:
-                yield events
-                handed_at = time.perf_counter()
-            else:
+            if not events:
                 raise items[0][1]
+            yield events
+            not_before = time.perf_counter() + min_interval_s
 
     async def events(self) -> AsyncIterator[EngineEvent]:
         """Engine events one by one, up to and including the FinishEvent."""

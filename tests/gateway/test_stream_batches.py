@@ -44,13 +44,43 @@ def test_items_pushed_meanwhile_come_in_one_batch() -> None:
         handed = time.perf_counter()
         for i in (1, 2, 3):
             job.push("event", _token(i))
-        job.push("event", fin := _finish())
         second = await anext(batches)
         assert time.perf_counter() - handed >= 0.01 * 0.99  # paced: one interval at least
+        job.push("event", fin := _finish())
+        third = await anext(batches)
         assert [e.token_ids for e in first] == [(0,)]
-        assert second[:-1] == [_token(1), _token(2), _token(3)] and second[-1] is fin
+        assert second == [_token(1), _token(2), _token(3)]
+        assert third == [fin]
         with pytest.raises(StopAsyncIteration):
             await anext(batches)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("ending", ["finish", "error"])
+def test_the_end_of_a_job_is_not_held_back_by_pacing(ending: str) -> None:
+    # An hour's interval: only the end (FinishEvent or error) cuts the pause short.
+    async def main() -> None:
+        job = _job()
+        job.push("event", _token(0))
+        batches = job.batches(min_interval_s=3600)
+        assert await anext(batches) == [_token(0)]
+        job.push("event", _token(1))
+
+        def end() -> None:
+            if ending == "finish":
+                job.push("event", _finish())
+            else:
+                job.push("error", RuntimeError("engine failed"))
+
+        threading.Timer(0.01, end).start()
+        if ending == "finish":
+            last = await asyncio.wait_for(anext(batches), timeout=30)
+            assert last == [_token(1), _finish()]
+        else:
+            assert await asyncio.wait_for(anext(batches), timeout=30) == [_token(1)]
+            with pytest.raises(RuntimeError, match="engine failed"):
+                await anext(batches)
 
     asyncio.run(main())
 
