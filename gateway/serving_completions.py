@@ -121,19 +121,24 @@ def _usage(run: RequestRun) -> Usage:
 
 
 async def _texts(run: RequestRun) -> AsyncIterator[str]:
+    """The text of each batch of engine events (`Job.batches`: at most one batch per
+    `stream_interval_ms`); sets the run's stats and finish reason at the end."""
     assert run.job is not None
-    async for event in run.job.events():
-        if isinstance(event, TokenEvent):
-            if event.token_ids:
-                run.token_seen()
-            run.logprobs.extend(event.logprobs)
-            if event.text:
-                yield event.text
-        elif isinstance(event, FinishEvent):
-            run.stats = event.stats
-            run.finish_reason = _finish(event.finish_reason)
-            if event.finish_reason == "cancelled":
-                run.outcome = "cancelled"
+    async for batch in run.job.batches(run.ctx.config.stream_interval_ms / 1e3):
+        text = ""
+        for event in batch:
+            if isinstance(event, TokenEvent):
+                if event.token_ids:
+                    run.token_seen()
+                run.logprobs.extend(event.logprobs)
+                text += event.text
+            elif isinstance(event, FinishEvent):
+                run.stats = event.stats
+                run.finish_reason = _finish(event.finish_reason)
+                if event.finish_reason == "cancelled":
+                    run.outcome = "cancelled"
+        if text:
+            yield text
 
 
 def parse_completion(raw: bytes, ctx: GatewayContext) -> tuple[CompletionRequest, str]:
@@ -226,16 +231,17 @@ async def _stream(run: RequestRun, include_usage: bool) -> AsyncIterator[str]:
             final = CompletionChoice(
                 text="", finish_reason=run.finish_reason, logprobs=_pending_logprobs(run)
             )
-            yield sse.event(chunk(choices=[final], toolflash=None if include_usage else info))
+            # The last chunks and [DONE] in one write.
+            end = sse.event(chunk(choices=[final], toolflash=None if include_usage else info))
             if include_usage:
-                yield sse.event(chunk(choices=[], usage=_usage(run), toolflash=info))
+                end += sse.event(chunk(choices=[], usage=_usage(run), toolflash=info))
             if run.outcome == "pending":
                 run.outcome = "success"
         except Exception as exc:
             err = to_gateway_error(exc)
             status, error, run.outcome = err.status, err.message, "error"
-            yield sse.event(err.body())
-        yield sse.DONE
+            end = sse.event(err.body())
+        yield end + sse.DONE
     finally:
         if run.outcome == "pending":
             run.outcome = "cancelled"

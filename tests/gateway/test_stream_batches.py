@@ -203,3 +203,41 @@ def test_coalesced_stream_reassembles_to_the_same_message(thinking: bool) -> Non
     # Same envelope on every chunk; usage and the toolflash object on the last.
     assert {c["id"] for c in together} == {together[0]["id"]}
     assert together[-1]["usage"]["completion_tokens"] == len(script)
+
+
+def _completion_chunks(url: str, body: dict) -> list[dict]:
+    import httpx
+
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=20) as r:
+        r.raise_for_status()
+        events = r.read().decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    return [json.loads(e[6:]) for e in events[:-2]]
+
+
+def test_coalesced_completion_stream_has_the_same_text_and_logprobs() -> None:
+    body = {
+        "model": "fake-model",
+        "prompt": "SCRIPT:def f(x):\n    return x * 2  # é 世界 🙂\n",
+        "stream": True,
+        "logprobs": 2,
+    }
+
+    def fold(chunks: list[dict]) -> tuple[str, list, list, str | None]:
+        text, tokens, offsets, finish = "", [], [], None
+        for ch in chunks:
+            for choice in ch["choices"]:
+                text += choice["text"]
+                lp = choice.get("logprobs") or {}
+                tokens += lp.get("tokens") or []
+                offsets += lp.get("text_offset") or []
+                finish = choice.get("finish_reason") or finish
+        return text, tokens, offsets, finish
+
+    with serve(FakeEngine(cycle_delay_s=0.002), GatewayConfig(stream_interval_ms=0)) as s:
+        each = _completion_chunks(s.url, body)
+    with serve(FakeEngine(), GatewayConfig(stream_interval_ms=50)) as s:
+        together = _completion_chunks(s.url, body)
+    assert fold(each) == fold(together)
+    assert fold(together)[0] == body["prompt"][len("SCRIPT:") :]
+    assert len(together) < len(each)
