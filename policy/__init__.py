@@ -6,6 +6,10 @@
 - `explore`: when to probe the other mode, with exponential backoff after losing probes.
 - `config`: YAML policy files (`toolflash.configs`), validated and merged per model id.
 - `store`: learned estimates persisted to `<state_dir>/policy-state.json`.
+- `measure`: how one decode step's measurement reaches the estimates (the controller's rule), and
+  `ScriptedController`, which runs one arm and only measures (calibration).
+- `calibration`: the record that `toolflash calibrate` ran for a model on this machine, and
+  `seed`, which merges calibrated estimates into the policy's.
 - `controller`: `AdaptivePolicy` (one per server) and its per-request `PolicyController`.
 
 Use: `policy = AdaptivePolicy(PolicyConfig(user_files))` once; per request

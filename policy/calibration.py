@@ -195,19 +195,28 @@ def records_for(state_dir: str | Path, model: str) -> list[tuple[Path, Calibrati
     return found
 
 
-def seed(target: Estimates, measured: Estimates, max_weight: float) -> int:
+# Estimates of this machine's speed (seconds per cycle, per AR step, per forced run); the rest
+# (tokens per cycle, forced-run shares) depend on what is generated.
+_TIMING_TABLES = ("cycle_s", "ar_s", "forced_block_s")
+
+
+def seed(target: Estimates, measured: Estimates, timing_weight: float, tau_weight: float) -> int:
     """Merge calibration's estimates into `target`, replacing the same keys; returns how many.
 
     Calibration samples are real samples of this machine, measured by the rule online
-    learning uses, but each estimate keeps at most `max_weight` effective samples (mean and
-    spread unchanged): enough for the first request to decide on them without a
-    few-samples probe, few enough that the live workload outweighs them within tens of its
-    own steps. Estimates of keys calibration did not measure (other classes) are kept."""
+    learning uses, but each estimate keeps at most a few effective samples (mean and spread
+    unchanged). Timings are the machine's and the calibration measures them well:
+    `timing_weight`. Tokens per cycle and forced-run shares are the workload's, and the
+    built-in prompts only a guess at it: `tau_weight`, below the policy's `min_samples`, so
+    a class the guess put in AR still gets spec probes on its own traffic, and a wrong guess
+    is outweighed within a few of its own cycles. Estimates of keys calibration did not
+    measure (other classes) are kept."""
     doc = measured.to_json()
-    for name in doc:
-        for row in doc[name]:
+    for name, rows in doc.items():
+        cap = timing_weight if name in _TIMING_TABLES else tau_weight
+        for row in rows:
             weight = row[-5]
-            if weight > max_weight > 0:
-                k = max_weight / weight
-                row[-5], row[-4], row[-3] = max_weight, row[-4] * k, row[-3] * k
+            if weight > cap > 0:
+                k = cap / weight
+                row[-5], row[-4], row[-3] = cap, row[-4] * k, row[-3] * k
     return target.load_json(doc)

@@ -63,7 +63,7 @@ def test_calibration_seeds_what_the_policy_reads(engine: Any, tmp_path: Path) ->
     kinds: dict[str, Any] = {}
     for kind, body in class_bodies(plan):
         kinds.setdefault(kind, _prepare(engine, body))
-    assert set(kinds) == {"chat", "tools", "tool-forced", "json"}
+    assert set(kinds) == {"chat", "tools", "tool-result", "tool-forced", "json"}
     block = engine.default_block_size
     for kind in ("chat", "json"):
         p = kinds[kind]

@@ -66,8 +66,11 @@ class CalibrationPlan:
     contexts: tuple[int, ...] = (1024, 4096)  # prompt lengths of the timing runs (+ the shortest)
     timing_cycles: int = 12  # spec cycles per block size per context (tokens: cycles x block)
     timing_steps: int = 32  # AR steps per context
-    # Effective samples each seeded estimate keeps (`policy.calibration.seed`).
-    max_weight: float = 8.0
+    # Effective samples each seeded estimate keeps (`policy.calibration.seed`): timings are
+    # this machine's; tokens per cycle only a guess at the workload's, kept below the
+    # policy's default `min_samples` (3) so its own traffic is probed and soon outweighs it.
+    timing_weight: float = 8.0
+    tau_weight: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -91,31 +94,56 @@ def _bench_rows() -> list[dict[str, Any]]:
 
 def class_bodies(plan: CalibrationPlan) -> list[tuple[str, dict[str, Any]]]:
     """(kind, chat request body) for each class calibration measures: free chat (prose and
-    code), tools offered (`auto`), a forced call (`required`), a JSON-schema answer; each as
-    the prompt comes and, where it sets thinking, also with the template's default."""
+    code), tools offered (`auto`) after a user turn and after a tool result, a forced call
+    (`required`), a JSON-schema answer; each as the prompt comes and, where it sets thinking,
+    also with the template's default."""
     rows = _bench_rows()
 
     def first(kind: str, n: int) -> list[dict[str, Any]]:
         return [r for r in rows if r["kind"] == kind][:n]
 
     n = plan.prompts_per_kind
-    picks = [("chat", r) for r in first("free_text", n - n // 2) + first("code", n // 2)]
-    picks += [(k, r) for r in first("tool_call", n) for k in ("tools", "tool-forced")]
+    code = first("code", n)
+    picks = [("chat", r) for r in first("free_text", n - n // 2) + code[: n // 2]]
+    kinds = ("tools", "tool-result", "tool-forced")
+    picks += [(k, r) for r in first("tool_call", n) for k in kinds]
     picks += [("json", r) for r in first("json", n)]
     out: list[tuple[str, dict[str, Any]]] = []
-    for kind, r in picks:
+    for i, (kind, r) in enumerate(picks):
         body: dict[str, Any] = {"messages": r["messages"]}
-        if kind in ("tools", "tool-forced"):
+        if kind in kinds:
             body["tools"] = r["tools"]
+        if kind == "tool-result":
+            result = code[i % len(code)]["messages"][-1]["content"] if code else "ok"
+            body["messages"] = r["messages"] + _tool_turn(r["tools"][0]["function"], result)
         if kind == "tool-forced":
             body["tool_choice"] = "required"
         if kind == "json":
             body["response_format"] = _json_format(r)
-        kwargs = r.get("chat_template_kwargs")
-        out.append((kind, {**body, "chat_template_kwargs": kwargs} if kwargs else body))
-        if plan.thinking_default and kwargs:
-            out.append((kind, body))
+        kwargs = r.get("chat_template_kwargs") or {}
+        out.append((kind, {**body, "chat_template_kwargs": kwargs}))
+        if plan.thinking_default and "enable_thinking" in kwargs:
+            default = {k: v for k, v in kwargs.items() if k != "enable_thinking"}
+            out.append((kind, {**body, "chat_template_kwargs": default}))
     return out
+
+
+def _tool_turn(function: Mapping[str, Any], result: str) -> list[dict[str, Any]]:
+    """An assistant turn calling `function` (its required arguments filled in by type) and
+    the tool's result: the shape of an agent's turn after it read a file."""
+    params = function.get("parameters") or {}
+    props = params.get("properties") or {}
+    fill = {"string": "README.md", "integer": 1, "number": 1, "boolean": True, "array": []}
+    args = {p: fill.get(props.get(p, {}).get("type"), {}) for p in params.get("required", [])}
+    call = {"name": function["name"], "arguments": json.dumps(args)}
+    return [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "call_0", "type": "function", "function": call}],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "content": result},
+    ]
 
 
 def _json_format(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -467,7 +495,7 @@ def ensure_calibrated(
     t0 = time.perf_counter()
     rows = run_calibration(engine, state.policy, measured, plan, progress)
     wall = time.perf_counter() - t0
-    entries = seed(est, measured, plan.max_weight)
+    entries = seed(est, measured, plan.timing_weight, plan.tau_weight)
     state.dirty = True
     policy.save(force=True)
     record = CalibrationRecord(key, time.time(), round(wall, 2), tuple(rows))

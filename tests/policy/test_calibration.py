@@ -80,7 +80,7 @@ def test_a_missing_record_is_none_and_saving_to_an_unwritable_place_fails_softly
     assert [e["event"] for e in logs] == ["calibration.not_saved"]
 
 
-def test_seed_caps_the_weight_keeps_the_means_and_other_keys() -> None:
+def test_seed_caps_the_weights_keeps_the_means_and_other_keys() -> None:
     clock = [1000.0]
     measured = Estimates(clock=lambda: clock[0])
     for i in range(40):
@@ -89,13 +89,14 @@ def test_seed_caps_the_weight_keeps_the_means_and_other_keys() -> None:
     target = Estimates(clock=lambda: clock[0])
     target.observe_ar("m", 0.050, 5000)  # another context bucket: kept
     target.observe_ar("m", 0.090, 300)  # the same key: replaced
-    n = seed(target, measured, max_weight=8.0)
+    n = seed(target, measured, timing_weight=8.0, tau_weight=2.0)
     assert n > 0
     ar = target.ar_s[("m", 512)]
     assert ar.weight == 8.0
     assert abs(ar.mean - measured.ar_s[("m", 512)].mean) < 1e-12
     assert target.ar_s[("m", 8192)].mean == 0.050
+    assert target.cycle_s[("m", 16, 512)].weight == 8.0
     tau = target.tau[("m", "json.x", "json", 8)]
-    assert tau.weight <= 8.0 and tau.mean == 8.0
+    assert tau.weight == 2.0 and tau.mean == 8.0
     s = target.surplus("m", "json.x", "json", 16, 300)
-    assert s.spec.known and s.ar.known and s.samples == 8.0 and s.value > 0
+    assert s.spec.known and s.ar.known and s.samples == 2.0 and s.value > 0
