@@ -47,7 +47,8 @@ def _policy(tmp_path: Path) -> AdaptivePolicy:
 
 
 def test_calibration_seeds_what_the_policy_reads(engine: Any, tmp_path: Path) -> None:
-    from toolflash.calibrate import CalibrationPlan, _prepare, class_bodies, ensure_calibrated
+    from toolflash.calibrate import CalibrationPlan, _prepare, ensure_calibrated
+    from toolflash.calibration_requests import class_bodies
 
     plan = CalibrationPlan(**PLAN_KW)  # type: ignore[arg-type]
     cold = _policy(tmp_path / "cold")
@@ -61,7 +62,7 @@ def test_calibration_seeds_what_the_policy_reads(engine: Any, tmp_path: Path) ->
     model = engine.model_id
     est = policy.model(model).estimates
     kinds: dict[str, Any] = {}
-    for kind, body in class_bodies(plan):
+    for kind, body in class_bodies(plan.prompts_per_kind, plan.thinking_default):
         kinds.setdefault(kind, _prepare(engine, body))
     assert set(kinds) == {"chat", "tools", "tool-result", "tool-forced", "json"}
     block = engine.default_block_size

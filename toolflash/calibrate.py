@@ -5,25 +5,22 @@ no data (it ran JSON requests of one pair in AR at 0.66x where spec gave 1.14x).
 runs a short, fixed set of generations through the engine's public surface, each a chat
 request rendered by the gateway's own path (so it lands in the request class a client's
 request would), with one arm scripted throughout (`policy.measure.ScriptedController`):
-- per request kind (free chat, tools offered, a forced tool call, a JSON schema answer), as
-  the prompts come and with the template's thinking default: AR, and spec at the largest
-  block, giving the drafter's tokens per cycle per class and span (smaller blocks are
-  credited from the same cycles) and the AR forced-run share of constrained classes;
+- per request kind (`calibration_requests.py`: free chat, tools offered after a user turn
+  and after a tool result, a forced tool call, a JSON schema answer), as the prompts come and
+  with the template's thinking default: AR, and spec at the largest block, giving the
+  drafter's tokens per cycle per class and span (smaller blocks are credited from the same
+  cycles) and the forced-run shares of constrained classes;
 - at a few context lengths: AR steps and spec cycles at every block size of the policy.
 Every cycle drafts the whole block (`draft_length="fixed"`), so a block's cycle time is
 measured at that block. The steps feed a fresh `Estimates` by the rule online learning uses;
 `policy.calibration.seed` merges them into the policy's estimates, which the `PolicyStore`
-saves, and a record keyed by model, weights, machine and versions says it ran.
+saves, and a record keyed by model, weights, machine and versions (`calibration_key.py`)
+says it ran.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib.metadata
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -34,10 +31,11 @@ from typing import Any
 
 import structlog
 
+from toolflash.calibration_key import calibration_key
+from toolflash.calibration_requests import class_bodies, long_body
 from toolflash.engine.api import Engine, FinishEvent, GenerationRequest
 from toolflash.gateway.worker import Prepared
 from toolflash.policy.calibration import (
-    CalibrationKey,
     CalibrationRecord,
     load_record,
     save_record,
@@ -53,7 +51,6 @@ from toolflash.policy.spans import SPAN_KINDS
 log = structlog.get_logger(__name__)
 
 AR: Arm = ("ar", 1)
-PROMPTS_FILE = "bench_prompts.jsonl"  # shipped with the embedded models (held-out prompts)
 
 
 @dataclass(frozen=True)
@@ -82,97 +79,6 @@ class Run:
     arm: Arm
     max_tokens: int
     timing: bool = False
-
-
-# -- the built-in requests ----------------------------------------------------------------------
-def _bench_rows() -> list[dict[str, Any]]:
-    from toolflash.engine.factory import assets_dir
-
-    path = assets_dir() / PROMPTS_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def class_bodies(plan: CalibrationPlan) -> list[tuple[str, dict[str, Any]]]:
-    """(kind, chat request body) for each class calibration measures: free chat (prose and
-    code), tools offered (`auto`) after a user turn and after a tool result, a forced call
-    (`required`), a JSON-schema answer; each as the prompt comes and, where it sets thinking,
-    also with the template's default."""
-    rows = _bench_rows()
-
-    def first(kind: str, n: int) -> list[dict[str, Any]]:
-        return [r for r in rows if r["kind"] == kind][:n]
-
-    n = plan.prompts_per_kind
-    code = first("code", n)
-    picks = [("chat", r) for r in first("free_text", n - n // 2) + code[: n // 2]]
-    kinds = ("tools", "tool-result", "tool-forced")
-    picks += [(k, r) for r in first("tool_call", n) for k in kinds]
-    picks += [("json", r) for r in first("json", n)]
-    out: list[tuple[str, dict[str, Any]]] = []
-    for i, (kind, r) in enumerate(picks):
-        body: dict[str, Any] = {"messages": r["messages"]}
-        if kind in kinds:
-            body["tools"] = r["tools"]
-        if kind == "tool-result":
-            result = code[i % len(code)]["messages"][-1]["content"] if code else "ok"
-            body["messages"] = r["messages"] + _tool_turn(r["tools"][0]["function"], result)
-        if kind == "tool-forced":
-            body["tool_choice"] = "required"
-        if kind == "json":
-            body["response_format"] = _json_format(r)
-        kwargs = r.get("chat_template_kwargs") or {}
-        out.append((kind, {**body, "chat_template_kwargs": kwargs}))
-        if plan.thinking_default and "enable_thinking" in kwargs:
-            default = {k: v for k, v in kwargs.items() if k != "enable_thinking"}
-            out.append((kind, {**body, "chat_template_kwargs": default}))
-    return out
-
-
-def _tool_turn(function: Mapping[str, Any], result: str) -> list[dict[str, Any]]:
-    """An assistant turn calling `function` (its required arguments filled in by type) and
-    the tool's result: the shape of an agent's turn after it read a file."""
-    params = function.get("parameters") or {}
-    props = params.get("properties") or {}
-    fill = {"string": "README.md", "integer": 1, "number": 1, "boolean": True, "array": []}
-    args = {p: fill.get(props.get(p, {}).get("type"), {}) for p in params.get("required", [])}
-    call = {"name": function["name"], "arguments": json.dumps(args)}
-    return [
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [{"id": "call_0", "type": "function", "function": call}],
-        },
-        {"role": "tool", "tool_call_id": "call_0", "content": result},
-    ]
-
-
-def _json_format(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON schema the prompt asks for (its system message states it), as a strict
-    `response_format`; `json_object` when it states none."""
-    system = " ".join(m["content"] for m in row["messages"] if m["role"] == "system")
-    _, sep, tail = system.partition("schema:")
-    if sep:
-        try:
-            schema = json.loads(tail.strip())
-        except ValueError:
-            schema = None
-        if isinstance(schema, dict):
-            spec = {"name": "answer", "schema": schema, "strict": True}
-            return {"type": "json_schema", "json_schema": spec}
-    return {"type": "json_object"}
-
-
-def long_body(engine: Engine, tokens: int) -> dict[str, Any]:
-    """A plain chat request of about `tokens` prompt tokens (code and prose to summarize)."""
-    texts = [m["content"] for r in _bench_rows() for m in r["messages"] if m["role"] == "user"]
-    corpus = "\n\n".join(texts)
-    have = len(engine.encode(corpus))
-    while have < tokens:  # the shipped prompts hold ~10k tokens; repeat for longer contexts
-        corpus += "\n\n" + corpus
-        have *= 2
-    text = corpus[: int(len(corpus) * 0.97 * tokens / have)]
-    content = f"{text}\n\nSummarize the code and notes above."
-    return {"messages": [{"role": "user", "content": content}], "chat_template_kwargs": {}}
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -215,7 +121,7 @@ def plan_runs(
     """Every run with its prepared request, and the block sizes the timing runs measure."""
     largest = int(getattr(engine, "default_block_size", 0) or 16)
     runs: list[tuple[Run, Prepared]] = []
-    for kind, body in class_bodies(plan):
+    for kind, body in class_bodies(plan.prompts_per_kind, plan.thinking_default):
         p = _prepare(engine, body)
         # Class runs draft at the largest block the class's policy allows: smaller blocks'
         # tokens per cycle are credited from the same cycles.
@@ -362,96 +268,6 @@ def format_rows(rows: Iterable[Mapping[str, Any]]) -> str:
                 f"{r['samples']:>4.0f} {r['faster']:>7}"
             )
     return "\n".join(lines)
-
-
-# -- the key: pair, machine, versions -----------------------------------------------------------
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def machine_identity() -> dict[str, str]:
-    """What makes timings differ between machines: OS, CPU, MLX device and BLAS."""
-    import mlx.core as mx
-
-    from toolflash.blas import blas_in_use
-
-    info = {
-        "system": platform.system(),
-        "arch": platform.machine(),
-        "cpu": _cpu_name(),
-        "cores": str(os.cpu_count()),
-        "device": str(mx.default_device()),
-        "blas": blas_in_use(),
-    }
-    try:
-        name = mx.device_info().get("device_name")
-    except Exception:  # not every backend reports one
-        name = None
-    if name:
-        info["device_name"] = str(name)
-    return info
-
-
-def weight_dir(model_id: str, draft_id: str | None = None) -> Path | None:
-    """The local directory of a served id: an embedded model (the draft id of an embedded
-    pair is `<model>-dflash`), a local path, or a hub id's cached snapshot; None if unknown."""
-    from toolflash.engine.factory import assets_dir
-    from toolflash.engine.registry import EMBEDDED_PAIRS
-
-    if model_id in EMBEDDED_PAIRS:
-        return assets_dir() / EMBEDDED_PAIRS[model_id][0]
-    embedded = model_id.removesuffix("-dflash")
-    if model_id.endswith("-dflash") and embedded in EMBEDDED_PAIRS:
-        return assets_dir() / EMBEDDED_PAIRS[embedded][1]
-    local = Path(model_id).expanduser()
-    if local.is_dir():
-        return local
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(model_id, local_files_only=True))
-    except Exception:  # not cached, or not a hub id: the id alone identifies it
-        return None
-
-
-def weights_fingerprint(*ids: str | None) -> str:
-    """A hash of the weight and config files (name, size, mtime) behind the served ids."""
-    h = hashlib.sha256()
-    for model_id in ids:
-        h.update(f"{model_id}\0".encode())
-        path = weight_dir(model_id) if model_id else None
-        if path is None:
-            continue
-        for f in sorted(path.glob("*.safetensors")) + sorted(path.glob("config.json")):
-            st = f.stat()
-            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}\0".encode())
-    return h.hexdigest()[:16]
-
-
-def calibration_key(model_id: str, draft_id: str | None) -> CalibrationKey:
-    """The key a calibration of this pair made here and now would have."""
-    return CalibrationKey(
-        model=model_id,
-        draft=draft_id,
-        weights=weights_fingerprint(model_id, draft_id),
-        machine=machine_identity(),
-        mlx=_version("mlx"),
-        mlx_lm=_version("mlx-lm"),
-        toolflash=_version("toolflash"),
-    )
 
 
 # -- the entry point ----------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def calibration_status(model: str, state_dir: Path) -> str:
     whether each is valid here (same weights, machine and versions)."""
     import time
 
-    from toolflash.calibrate import calibration_key
+    from toolflash.calibration_key import calibration_key
     from toolflash.policy.calibration import records_for
 
     found = records_for(state_dir, model)
