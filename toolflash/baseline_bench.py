@@ -9,8 +9,9 @@ the last's. Greedy outputs must equal mlx-lm's token for token; the report count
 
 Variants: `mlx-lm` (the 1.00x line), toolflash `ar`, `spec-fixed` and `spec-adaptive`
 (speculation with a fixed block, and with the adaptive draft length), `policy-cold` (the
-default adaptive policy with a fresh state for every request: what a first request meets)
-and `policy-warm` (one policy across the whole run, warmed by a pass over the prompts).
+default adaptive policy as a first serve starts it, calibrated and nothing learned yet, fresh
+for every request: what a first request meets) and `policy-warm` (one such policy across the
+whole run, learning online, warmed by a pass over the prompts).
 Stop modes: `eos` (natural end) and `length` (EOS ignored, exactly max_tokens).
 """
 
@@ -213,7 +214,7 @@ def run_comparison(
     cases = prepare_cases(engine, prompts)
     runner = Runner(engine, max_tokens, fresh_policy=policy_factory)
     if any(v.startswith("policy-") for v in variants):
-        runner.fresh_policy = policy_factory or _default_policy
+        runner.fresh_policy = policy_factory or calibrated_policies(engine, progress)
         runner.warm_policy = runner.fresh_policy()
     rng = random.Random(seed)
     for case in cases:  # warm-up: first-call compilation, allocator; warms the policy too
@@ -278,11 +279,29 @@ def _phases(
     return rows
 
 
-def _default_policy() -> Any:
+def calibrated_policies(engine: Any, progress: bool = True) -> Callable[[], Any]:
+    """Fresh default policies as a server starts them on its first serve of this pair:
+    calibrated once (`toolflash calibrate`, into a throwaway state directory), each loading
+    the calibrated state and nothing learned since."""
+    import tempfile
+    from pathlib import Path
+
+    from toolflash.calibrate import ensure_calibrated
     from toolflash.policy.config import PolicyConfig
     from toolflash.policy.controller import AdaptivePolicy
+    from toolflash.policy.store import PolicyStore
 
-    return AdaptivePolicy(PolicyConfig(), persist=False)
+    state = Path(tempfile.mkdtemp(prefix="toolflash-bench-")) / "policy-state.json"
+    ensure_calibrated(
+        engine, AdaptivePolicy(PolicyConfig(), state_file=str(state)), progress=progress
+    )
+
+    def fresh() -> Any:
+        policy = AdaptivePolicy(PolicyConfig(), persist=False)
+        PolicyStore(state).load(engine.model_id, policy.model(engine.model_id).estimates)
+        return policy
+
+    return fresh
 
 
 def _ticking(items: Sequence[str], tick: Callable[[], None]) -> Iterator[str]:
