@@ -162,6 +162,11 @@ class ResponseFormat(OpenAIBaseModel):
 
 # ---------------------------------------------------------------- requests
 
+# Every stop string is matched after every token on the engine thread: a few, of sane length
+# (OpenAI takes up to 4), so no request can slow everyone's decoding with thousands.
+StopString = Annotated[str, Field(max_length=1024)]
+Stop = StopString | Annotated[list[StopString], Field(max_length=16)]
+
 
 def check_logit_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
     """OpenAI's shape: token-id strings -> a bias in [-100, 100] (ids are checked against the
@@ -189,7 +194,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     response_format: ResponseFormat | None = None
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Stop | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -236,7 +241,7 @@ class CompletionRequest(OpenAIBaseModel):
     n: int | None = Field(default=None, ge=1)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Stop | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     suffix: str | None = None

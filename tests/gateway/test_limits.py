@@ -169,6 +169,8 @@ CHAT_CASES: list[tuple[str, dict[str, Any], int, str | None]] = [
         400,
         "messages",
     ),
+    ("many_stop_strings", {"json": {**OK, "stop": ["x"] * 17}}, 400, "stop"),
+    ("long_stop_string", {"json": {**OK, "stop": "x" * 2000}}, 400, "stop"),
     (
         "body_over_limit",
         {"json": {"messages": [{"role": "user", "content": "x" * (2 << 20)}]}},
