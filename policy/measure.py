@@ -16,8 +16,8 @@ from toolflash.engine.api import CycleRecord, GenerationStats, ModeDecision
 from toolflash.policy.request_class import RequestClass
 
 from .config import EffectivePolicy
+from .decide import Arm
 from .estimates import Estimates
-from .explore import Arm
 from .spans import SpanTracker
 
 

@@ -11,42 +11,26 @@ tally of its own drafted cycles per span kind, and the controller uses it two wa
   that cycle committed enough to beat AR, and its own recent cycles, not the class's, then
   decide at rechecks. Those cycles do not feed the class's estimates: they ran because this
   request won, and the class learning from its winners alone would send its losers to spec.
-  Losing openings back off per class and span, in openings (`OpeningBackoff`); after a lost
-  one, no spec probes in that span for the rest of the request.
+  Losing openings back off per class and span, in chances to open (`trial.opening_backoff`);
+  after a lost one, no spec probes in that span for the rest of the request.
 - Request rechecks: once a span has `min_cycles` drafted cycles of its own, its tokens per cycle
   over the last `WINDOW` of them (not the class's) decide between spec and AR at rechecks; the
   window keeps a collapse of acceptance late in a long span from hiding behind its good start.
 
 Both compare `tau / cycle seconds` (the class's measured cycle time at this block and context:
 one cycle's own time is too noisy, the first one also pays the drafter's context build) with
-the class's AR tokens per second, by the rule's switch margin.
+the class's AR tokens per second, by the rule's switch margin (`decide.local_verdict`).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
 
 from toolflash.engine.api import CycleRecord
 
-Verdict = Literal["spec", "ar", "unsure"]
-
 # Drafted cycles per span that a request's own tokens per cycle averages over.
 WINDOW = 8
-
-
-def local_verdict(tau: float, cycle_s: float, ar_tps: float, margin: float) -> Verdict:
-    """Spec when `tau` tokens per `cycle_s` beat AR by the margin, AR when AR beats it by the
-    margin, else unsure."""
-    if cycle_s <= 0 or ar_tps <= 0:
-        return "unsure"
-    spec_tps = tau / cycle_s
-    if spec_tps >= ar_tps * (1.0 + margin):
-        return "spec"
-    if spec_tps * (1.0 + margin) <= ar_tps:
-        return "ar"
-    return "unsure"
 
 
 @dataclass
@@ -78,41 +62,3 @@ class RequestEvidence:
         if need <= 0 or recent is None or len(recent) < need or span in self._forced:
             return None
         return sum(recent) / len(recent)
-
-
-@dataclass
-class _OpeningState:
-    losses: int = 0
-    skip: int = 0
-
-
-class OpeningBackoff:
-    """Per scope (model, class, span): after `free_losses` opening probes lost in a row, skip
-    the next 1, 2, 4... chances to open (a request's start or a span entry where the class says
-    AR; at most `max_skip`); a win resets it. The first losses
-    are free because a class can mix winners and losers: a loss says little about the next
-    request, and a lost opening costs one cycle where a won one saves most of the decode."""
-
-    def __init__(self, free_losses: int = 2, max_skip: int = 16) -> None:
-        self.free_losses = free_losses
-        self.max_skip = max_skip
-        self._state: dict[tuple[str, str, str], _OpeningState] = {}
-
-    def allowed(self, scope: tuple[str, str, str]) -> bool:
-        """Whether this chance to open may probe (consumes one skip when not)."""
-        st = self._state.get(scope)
-        if st is None or st.skip <= 0:
-            return True
-        st.skip -= 1
-        return False
-
-    def won(self, scope: tuple[str, str, str]) -> None:
-        self._state[scope] = _OpeningState()
-
-    def lost(self, scope: tuple[str, str, str]) -> int:
-        """Record a loss; returns how many chances to open the next opening skips."""
-        st = self._state.setdefault(scope, _OpeningState())
-        st.losses += 1
-        over = st.losses - self.free_losses
-        st.skip = min(1 << (over - 1), self.max_skip) if over > 0 else 0
-        return st.skip

@@ -43,8 +43,8 @@ from toolflash.policy.calibration import (
 )
 from toolflash.policy.config import EffectivePolicy
 from toolflash.policy.controller import AdaptivePolicy
+from toolflash.policy.decide import Arm, arm_name
 from toolflash.policy.estimates import Estimates
-from toolflash.policy.explore import Arm, arm_name
 from toolflash.policy.measure import ScriptedController
 from toolflash.policy.spans import SPAN_KINDS
 

@@ -310,7 +310,7 @@ def test_span_entry_picks_the_spans_block_without_waiting_for_confidence(
         ("spec", 4): Throughput(500.0, 50.0, 3.0),
         ("ar", 1): Throughput(250.0, 10.0, 20.0),
     }
-    ctrl._throughput = lambda arm, span: table[arm]  # type: ignore[method-assign]
+    ctrl.reads.throughput = lambda arm, span: table[arm]  # type: ignore[method-assign]
     ctrl.arm = ("spec", 8)
     rule = ctrl.policy.rule(ctrl.label, "tool_call")
     kept, _, _ = ctrl._choose(rule, "tool_call", ("spec", 8))
@@ -353,7 +353,7 @@ def test_a_smaller_block_must_beat_the_largest_with_confidence(tmp_path: Path) -
         ("spec", 4): Throughput(400.0, 20.0, 70.0),
         ("ar", 1): Throughput(250.0, 10.0, 20.0),
     }
-    ctrl._throughput = lambda arm, span: table[arm]  # type: ignore[method-assign]
+    ctrl.reads.throughput = lambda arm, span: table[arm]  # type: ignore[method-assign]
     rule = ctrl.policy.rule(ctrl.label, "reasoning")
     assert ctrl._choose(rule, "reasoning", None)[0] == ("spec", 16)
     table[("spec", 8)] = Throughput(800.0, 20.0, 70.0)  # now clearly faster

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from toolflash.policy.decide import p_better, probe_reason
 from toolflash.policy.estimates import UNKNOWN, Throughput
-from toolflash.policy.explore import Backoff, p_better, probe_reason
+from toolflash.policy.trial import probe_backoff
 
 SCOPE = ("m", "chat.think-off.user.lt1k", "text")
 
 
 def test_backoff_doubles_per_loss_up_to_the_cap_and_resets_on_a_win() -> None:
-    b = Backoff(base_steps=8, max_steps=40)
+    b = probe_backoff(base_steps=8, max_steps=40)
     arm = ("ar", 1)
     assert b.allowed(SCOPE, arm)
     waits = [b.lost(SCOPE, arm) for _ in range(4)]

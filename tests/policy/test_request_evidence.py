@@ -7,13 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from toolflash.engine.api import CycleRecord
+from toolflash.policy.decide import local_verdict
 from toolflash.policy.request_class import RequestClass
-from toolflash.policy.request_evidence import (
-    WINDOW,
-    OpeningBackoff,
-    RequestEvidence,
-    local_verdict,
-)
+from toolflash.policy.request_evidence import WINDOW, RequestEvidence
+from toolflash.policy.trial import opening_backoff
 
 from .fakes import ar_record, spec_record
 from .test_controller import policy as _policy
@@ -70,18 +67,18 @@ def test_a_forced_run_leaves_the_span_to_the_class_estimates() -> None:
 
 
 def test_opening_backoff_frees_two_losses_then_doubles() -> None:
-    bo = OpeningBackoff(free_losses=2, max_skip=4)
-    assert bo.allowed(SCOPE)
-    assert bo.lost(SCOPE) == 0 and bo.allowed(SCOPE)
-    assert bo.lost(SCOPE) == 0 and bo.allowed(SCOPE)
+    bo = opening_backoff(free_losses=2, max_skip=4)
+    assert bo.ask(SCOPE)
+    assert bo.lost(SCOPE) == 0 and bo.ask(SCOPE)
+    assert bo.lost(SCOPE) == 0 and bo.ask(SCOPE)
     assert bo.lost(SCOPE) == 1
-    assert not bo.allowed(SCOPE) and bo.allowed(SCOPE)
+    assert not bo.ask(SCOPE) and bo.ask(SCOPE)
     assert bo.lost(SCOPE) == 2
-    assert [bo.allowed(SCOPE) for _ in range(3)] == [False, False, True]
+    assert [bo.ask(SCOPE) for _ in range(3)] == [False, False, True]
     assert bo.lost(SCOPE) == 4 and bo.lost(SCOPE) == 4  # capped
     bo.won(SCOPE)
-    assert bo.allowed(SCOPE) and bo.lost(SCOPE) == 0
-    assert bo.allowed(("m", "other", "text"))  # per scope
+    assert bo.ask(SCOPE) and bo.lost(SCOPE) == 0
+    assert bo.ask(("m", "other", "text"))  # per scope
 
 
 def _learn_ar_class(pol, steps: int = 40) -> None:  # type: ignore[no-untyped-def]

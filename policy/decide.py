@@ -1,0 +1,231 @@
+"""The policy's decisions as pure functions of a span's rule and the throughput estimates read for it.
+
+An arm is what a step runs: AR, or spec at one block size. Given the rule of a (class, span kind)
+and the estimates of its arms (`Throughput` per arm, read by the controller once per step):
+- `arms`: the arms a rule allows under the drafter's largest block;
+- `choose`: the arm for a span, keeping the current one unless another is faster by the switch
+  margin with confidence (a span's first decision picks its block afresh: `settled_block`);
+- `settled_block`: the spec block to settle on (the largest, unless a smaller is clearly faster);
+- `could_win`: whether spec at a block could beat the best arm at all (probing it is pure loss
+  where it cannot);
+- `probe_reason` / `pick_probe`: whether an arm deserves a probe, and which one;
+- `beats`: a probe's verdict from the estimates; `local_verdict`: an opening's or retry's from the
+  request's own tokens per cycle.
+Nothing here reads state or has effects: the controller reads, these decide.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
+
+from .config import SpanRule
+from .estimates import UNKNOWN, Throughput, normal_cdf
+
+Arm = tuple[str, int]  # ("ar", 1) or ("spec", block_size)
+Scope = tuple[str, str, str]  # model, class label, span kind
+Verdict = Literal["spec", "ar", "unsure"]
+# (arm, reason, decision kind)
+Choice = tuple[Arm, str, str]
+
+AR: Arm = ("ar", 1)
+
+
+def arm_name(arm: Arm) -> str:
+    return "ar" if arm[0] == "ar" else f"spec{arm[1]}"
+
+
+def fmt(arm: Arm, est: Mapping[Arm, Throughput]) -> str:
+    """`spec8 600±3 tok/s`, or `spec8 ?` when not measured."""
+    t = est.get(arm, UNKNOWN)
+    if not t.known:
+        return f"{arm_name(arm)} ?"
+    return f"{arm_name(arm)} {t.tps:.0f}±{t.std:.0f} tok/s"
+
+
+def p_better(alt: Throughput, cur: Throughput) -> float:
+    """Confidence that `alt` is faster than `cur` (0.5 when either is unknown)."""
+    if not (alt.known and cur.known):
+        return 0.5
+    std = math.sqrt(alt.std**2 + cur.std**2)
+    if not math.isfinite(std):
+        return 0.5
+    if std <= 0:
+        return 1.0 if alt.tps > cur.tps else 0.0
+    return normal_cdf((alt.tps - cur.tps) / std)
+
+
+def beats(alt: Throughput, cur: Throughput, rule: SpanRule) -> bool:
+    """Whether `alt` is faster than `cur` by the switch margin with the confidence to switch."""
+    return (
+        alt.known
+        and cur.known
+        and alt.tps > cur.tps * (1.0 + rule.switch_margin)
+        and p_better(alt, cur) >= rule.min_confidence
+    )
+
+
+def arms(rule: SpanRule, max_block: int) -> list[Arm]:
+    """The arms `rule` allows: spec at each of its blocks up to `max_block` (largest first), then AR."""
+    blocks = [b for b in rule.block_sizes if b <= max_block] or [max_block]
+    out: list[Arm] = [("spec", b) for b in blocks] if rule.mode != "ar" else []
+    if rule.mode != "spec":
+        out.append(AR)
+    return out
+
+
+def best_block(rule: SpanRule, allowed: Sequence[Arm], est: Mapping[Arm, Throughput]) -> int:
+    """The spec block with the highest estimate (what a decision for AR records its surplus at)."""
+    spec = [a for a in allowed if a[0] == "spec"]
+    if not spec:
+        return max(b for b in rule.block_sizes)
+    return max(spec, key=lambda a: est[a].tps)[1]
+
+
+def settled_block(known: Sequence[Arm], est: Mapping[Arm, Throughput], rule: SpanRule) -> Arm:
+    """The largest measured spec block, unless a smaller one is faster by the switch margin with
+    confidence; then, among those, the largest within the margin of the fastest. The decided
+    block is a ceiling: the engine's adaptive draft length shrinks it after drafts that miss, but
+    cannot grow past it. And a smaller block's cycles say nothing of what a larger one would
+    commit once they are accepted whole, so near-equal estimates favoured the smaller block for
+    good (a reasoning span of one or two cycles settled on 8 and cost a cycle a request against
+    always-spec at 16)."""
+    spec = [a for a in known if a[0] == "spec"]
+    largest = max(spec, key=lambda a: a[1])
+    top = est[largest]
+    winners = [
+        a
+        for a in spec
+        if est[a].tps > top.tps * (1.0 + rule.switch_margin)
+        and p_better(est[a], top) >= rule.min_confidence
+    ]
+    if not winners:
+        return largest
+    fastest = max(est[a].tps for a in winners)
+    near = [a for a in winners if est[a].tps * (1.0 + rule.switch_margin) >= fastest]
+    return max(near, key=lambda a: a[1])
+
+
+def choose(
+    rule: SpanRule,
+    span: str,
+    current: Arm | None,
+    allowed: Sequence[Arm],
+    est: Mapping[Arm, Throughput],
+    *,
+    running: Arm,
+    initial_mode: str,
+    fresh_block: bool = False,
+) -> Choice:
+    """The arm for `span` among `allowed`, keeping `current` unless another arm is faster by the
+    margin with enough confidence (None: a start, the fastest known arm). With `fresh_block` (a
+    span's first decision), a spec `current` first takes the span's settled block size.
+    `running` is the arm the request runs now (the reason says "keep" for it)."""
+    if len(allowed) == 1:
+        return allowed[0], f"{span}: policy mode {rule.mode}", "forced"
+    kind = "start" if current is None else "span"
+    known = [a for a in allowed if est[a].known]
+    if current not in allowed:
+        if not any(a[0] == "spec" for a in known):
+            # Nothing measured for spec here: start optimistic (or as configured); the first
+            # cycles measure it, and a probe covers the other side.
+            arm = AR if (initial_mode == "ar" or not allowed[0][0] == "spec") else allowed[0]
+            if arm not in allowed:
+                arm = allowed[0]
+            return arm, f"{span}: spec not measured yet, initial {arm_name(arm)}", kind
+        current = max(known, key=lambda a: est[a].tps)
+        if current[0] == "spec":
+            current = settled_block(known, est, rule)
+        return current, f"{span}: fastest known {fmt(current, est)}", kind
+    assert current is not None
+    if fresh_block and current[0] == "spec":
+        # A new span: its block size is chosen afresh among the measured spec blocks, as at the
+        # start (changing the block costs nothing and cannot flap within the span); spec vs AR
+        # keeps the hysteresis below. A block chosen for a short reasoning span otherwise
+        # carried into the tool call after it (8 where 16 commits twice as much).
+        spec_known = [a for a in known if a[0] == "spec"]
+        if spec_known:
+            current = settled_block(spec_known, est, rule)
+    cur = est[current]
+    if not cur.known:
+        return current, f"{span}: keep {arm_name(current)} (not measured here yet)", kind
+    best, best_p = current, 0.0
+    for a in known:
+        if a == current:
+            continue
+        p = p_better(est[a], cur)
+        if (
+            est[a].tps > cur.tps * (1.0 + rule.switch_margin)
+            and p >= rule.min_confidence
+            and est[a].tps > est[best].tps
+        ):
+            best, best_p = a, p
+    if best == current:
+        verb = "keep" if current == running else "block size for this span:"
+        return current, f"{span}: {verb} {fmt(current, est)}", kind
+    return best, f"{span}: {fmt(best, est)} beats {fmt(current, est)} (p={best_p:.2f})", kind
+
+
+def could_win(bound: Throughput | None, best: Throughput, rule: SpanRule) -> bool:
+    """Whether spec at a block could beat `best` at all. A cycle costs at least one AR step (a
+    target forward of the block, plus the draft), so spec is bounded by its measured tau x AR
+    tok/s (`bound`, with forced runs mixed in; None when either is unknown). Where tau is that
+    low, probing the block is pure loss."""
+    if bound is None or not best.known:
+        return True
+    return bound.tps > best.tps * (1.0 + rule.switch_margin)
+
+
+def probe_reason(
+    alt: Throughput, cur: Throughput, *, min_samples: float, explore_p: float, min_confidence: float
+) -> str | None:
+    """Why `alt` deserves a probe against `cur`, or None when the estimates already decide: it
+    has fewer than `min_samples` effective samples, or the confidence that it beats `cur` lies
+    between `explore_p` and the confidence needed to switch outright."""
+    if alt.samples < min_samples:
+        return "few-samples"
+    p = p_better(alt, cur)
+    if explore_p <= p < min_confidence:
+        return "uncertain"
+    return None
+
+
+def pick_probe(
+    candidates: Iterable[Arm],
+    est: Mapping[Arm, Throughput],
+    cur: Throughput,
+    rule: SpanRule,
+    explore_p: float,
+) -> tuple[Arm, str] | None:
+    """(arm, why) of the candidate most worth a probe against `cur`: few samples first, then the
+    least likely to win (the most uncertain), or None when the estimates decide every one."""
+    best: tuple[int, float, Arm, str] | None = None
+    for arm in candidates:
+        alt = est[arm]
+        why = probe_reason(
+            alt,
+            cur,
+            min_samples=rule.min_samples,
+            explore_p=explore_p,
+            min_confidence=rule.min_confidence,
+        )
+        if why is None:
+            continue
+        rank = (0 if why == "few-samples" else 1, -p_better(alt, cur), arm, why)
+        if best is None or rank < best:
+            best = rank
+    return None if best is None else (best[2], best[3])
+
+
+def local_verdict(tau: float, cycle_s: float, ar_tps: float, margin: float) -> Verdict:
+    """A request's own verdict: spec when `tau` tokens per `cycle_s` beat AR by the margin, AR
+    when AR beats it by the margin, else unsure."""
+    if cycle_s <= 0 or ar_tps <= 0:
+        return "unsure"
+    spec_tps = tau / cycle_s
+    if spec_tps >= ar_tps * (1.0 + margin):
+        return "spec"
+    if spec_tps * (1.0 + margin) <= ar_tps:
+        return "ar"
+    return "unsure"
