@@ -101,7 +101,11 @@ class ChatOutput:
         start_in_reasoning: bool,
         parallel_tool_calls: bool = True,
         id_factory: Callable[[], str] = new_call_id,
+        hold_calls: bool = False,
     ) -> None:
+        """`hold_calls` (forced calls): a call's deltas go out only once it closed, so a call
+        cut by max_tokens comes back as its text in `content` (finish `length`) instead of a
+        call with partial arguments; streamed or not, the message is the same."""
         self._reasoning = ReasoningSplitter(start_in_reasoning=start_in_reasoning)
         self._tools = tools
         self._calls: ToolCallStream | None = parser.stream(tools) if parser and tools else None
@@ -116,6 +120,8 @@ class ChatOutput:
         # returns what it has.
         self._raw = ""
         self._shown = False
+        self._hold = hold_calls
+        self._held: dict[int, list[Delta]] = {}
 
     def results(self) -> tuple[str, ...]:
         """How each tool-call span turned out, for metrics."""
@@ -181,11 +187,22 @@ class ChatOutput:
                 self.rejected.append({"reason": p.reason, "name": p.name, "chars": len(p.raw)})
             elif isinstance(p, CallHeader):
                 call_id = self._ids[p.index] = self._id_factory()
-                out.append(ToolCallDelta(p.index, "", id=call_id, name=p.name))
+                self._call_delta(ToolCallDelta(p.index, "", id=call_id, name=p.name), out)
             elif isinstance(p, CallArguments):
-                out.append(ToolCallDelta(p.index, p.fragment))
+                self._call_delta(ToolCallDelta(p.index, p.fragment), out)
             elif isinstance(p, CallClosed):
+                held = self._held.pop(p.index, [])
+                if self._hold and not p.ok and p.raw:
+                    out.append(ContentDelta(p.raw))  # cut: what it has, as text
+                else:
+                    out.extend(held)
                 self._closed(p)
+
+    def _call_delta(self, delta: ToolCallDelta, out: list[Delta]) -> None:
+        if self._hold:
+            self._held.setdefault(delta.index, []).append(delta)
+        else:
+            out.append(delta)
 
     def _closed(self, p: CallClosed) -> None:
         report = ToolCallReport(p.index, p.name, p.ok, p.error)

@@ -165,6 +165,7 @@ async def create_chat_completion(request: Request) -> Response:
     try:
         prepared = await run.wait_prepared()
         tools = offered_tools(req)
+        bound = prepared.request.constraint
         output = ChatOutput(
             parser=get_parser(engine.tool_call_format) if tools else None,
             tools={t.function.name: t.function.parameters for t in req.tools or []}
@@ -172,8 +173,9 @@ async def create_chat_completion(request: Request) -> Response:
             else {},
             start_in_reasoning=prepared.start_in_reasoning,
             parallel_tool_calls=req.parallel_tool_calls is not False,
+            # Forced calls: a call cut by max_tokens comes back as content, not half a call.
+            hold_calls=bound is not None and bound.kind == "tool_calls" and bound.require_call,
         )
-        bound = prepared.request.constraint
         answer = (
             JsonAnswer(bound, stop_strings(req.stop))
             if bound is not None and bound.kind == "json"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 START_TAG = "<tool_call>"
@@ -62,6 +62,9 @@ class CallClosed:
     arguments: str
     ok: bool
     error: str | None = None
+    # A call cut before its end (`error` "truncated"): the span's text, tags included, so a
+    # caller that held the call back can return it as content (forced calls).
+    raw: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)

@@ -210,7 +210,8 @@ class Qwen3CoderStream(SpanScanner):
         elif self._state == "broken":
             self._close(out, "unexpected text between parameters")
         else:
-            self._close(out, "truncated")
+            raw = START_TAG + self._body
+            out.append(CallClosed(self._index, self._name, self._args, False, "truncated", raw))
 
 
 class Qwen3CoderParser(FoldingParser):

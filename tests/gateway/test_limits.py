@@ -280,3 +280,36 @@ def test_a_cut_generation_never_returns_an_empty_message() -> None:
     assert out.feed("<think>\nplan</think>\n\nanswer") and not [
         d for d in out.close() if isinstance(d, ContentDelta)
     ]
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder"])
+def test_a_forced_call_cut_by_max_tokens_comes_back_as_content(fmt: str) -> None:
+    from toolflash.gateway.tool_parsers import get_parser
+
+    tools = {"run": {"type": "object", "properties": {"cmd": {"type": "string"}}}}
+    if fmt == "hermes":
+        whole = '<tool_call>\n{"name": "run", "arguments": {"cmd": "ls -la"}}\n</tool_call>'
+    else:
+        whole = "<tool_call>\n<function=run>\n<parameter=cmd>\nls -la\n</parameter>\n</function>\n</tool_call>"
+    cut = whole[: whole.index("ls") + 2]
+
+    def message(text: str, hold: bool) -> dict[str, Any]:
+        ids = iter(range(100))
+        out = ChatOutput(
+            parser=get_parser(fmt),
+            tools=tools,
+            start_in_reasoning=False,
+            hold_calls=hold,
+            id_factory=lambda: f"call_{next(ids)}",
+        )
+        fold = MessageFold()
+        for i in range(0, len(text), 3):  # as a stream delivers it
+            fold.add(out.feed(text[i : i + 3]))
+        fold.add(out.close())
+        return fold.message()
+
+    held = message(cut, hold=True)
+    assert held["content"] == cut and held["tool_calls"] is None
+    assert message(cut, hold=False)["tool_calls"]  # unforced: the partial call, as before
+    # A call that closes is the same call held or not.
+    assert message(whole, hold=True) == message(whole, hold=False)
