@@ -225,7 +225,9 @@ class HermesStream(SpanScanner):
             out.append(SpanRejected(START_TAG + body, "undeclared_tool", self._name))
         elif self._state == "args":
             out.append(
-                CallClosed(self._index, self._name, self._args, False, "truncated", START_TAG + body)
+                CallClosed(
+                    self._index, self._name, self._args, False, "truncated", START_TAG + body
+                )
             )
         elif self._state == "broken":
             self._close(out, "markup inside the arguments object")
