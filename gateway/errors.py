@@ -7,6 +7,7 @@ Every failure the client can see goes through `to_gateway_error`, so the status 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -121,7 +122,8 @@ class EngineFailure(GatewayError):
     code = "engine_error"
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
+def field_path(loc: Sequence[int | str]) -> str:
+    """A request field's path as `param` names it: `messages[0].content`."""
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
@@ -144,7 +146,7 @@ def from_validation_error(exc: ValidationError) -> BadRequest:
     loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and _is_branch(p)))
     msg = first["msg"].removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return BadRequest(f"{_loc(loc) or 'body'}: {msg}{more}", param=_loc(loc) or None)
+    return BadRequest(f"{field_path(loc) or 'body'}: {msg}{more}", param=field_path(loc) or None)
 
 
 def to_gateway_error(exc: BaseException) -> GatewayError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from toolflash.gateway.errors import BadRequest, ContextTooLong
+from toolflash.gateway.errors import BadRequest, ContextTooLong, field_path
 
 # A path as a linked list (parent, key): built for every container, read only on an error.
 _Link = tuple[Any, str | int] | None
@@ -24,10 +24,7 @@ def _path(link: _Link) -> str:
     while link is not None:
         link, key = link
         parts.append(key)
-    out = ""
-    for part in reversed(parts):
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "body"
+    return field_path(parts[::-1]) or "body"
 
 
 def encodable(text: str) -> bool:
