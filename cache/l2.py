@@ -23,6 +23,7 @@ import queue
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,7 @@ class DiskCache:
             "writes": 0,
             "write_errors": 0,
             "quarantined": 0,
+            "verified": 0,
             "evictions": 0,
             "dropped_at_close": 0,
         }
@@ -123,6 +125,9 @@ class DiskCache:
         self._close_lock = threading.Lock()
         self._closed = False
         self._abandon = threading.Event()
+        # Snapshots found on disk whose data has not been checksummed yet: the writer checks
+        # them while idle (start-up validates metadata at once, data in the background).
+        self._unverified: deque[str] = deque()
         self._writer = threading.Thread(target=self._write_loop, name="toolflash-l2", daemon=True)
         self._writer.start()
         # The writer thread keeps `self` alive anyway, so a strong reference costs nothing;
@@ -165,6 +170,8 @@ class DiskCache:
             entry = known.get(ident)
             if entry is None:
                 entry = self._read_entry(meta_path)
+                if entry is not None:
+                    self._unverified.append(ident)
             else:
                 try:
                     entry.last_used = meta_path.stat().st_mtime
@@ -219,11 +226,13 @@ class DiskCache:
         moved), so they are never read again and stay for a look; the oldest quarantined
         files go past `_QUARANTINE_KEEP`."""
         qdir = self.dir / "quarantine"
+        moved = False  # counted once, also when a lookup and the verifier meet the same file
         try:
             qdir.mkdir(exist_ok=True)
             for path in (self._meta(ident), self._data(ident)):
                 try:
                     os.replace(path, qdir / path.name)
+                    moved = moved or path.suffix == ".json"
                 except FileNotFoundError:
                     pass
             kept = sorted(qdir.iterdir(), key=lambda p: p.stat().st_mtime)
@@ -232,10 +241,34 @@ class DiskCache:
         except OSError as exc:  # a read-only or odd directory: remove instead
             log.warning("l2_quarantine_failed", id=ident, error=str(exc))
             self._remove(ident, reason)
+            moved = True
         with self._lock:
             self._index.pop(ident, None)
-        self.stats["quarantined"] += 1
-        log.warning("l2_quarantined", id=ident, reason=reason)
+        if moved:
+            self.stats["quarantined"] += 1
+            log.warning("l2_quarantined", id=ident, reason=reason)
+
+    def _verify_one(self) -> None:
+        """Checksum one snapshot found on disk (the writer's idle work, only while the engine
+        is quiet); a mismatch is quarantined now rather than at the lookup that needs it."""
+        if not self._unverified or not self._idle.is_set():
+            return
+        if time.monotonic() - self._idle_since < _QUIET_S:
+            return
+        ident = self._unverified.popleft()
+        with self._lock:
+            if ident not in self._index:
+                return
+        try:
+            meta = self._read_meta(ident)
+            if _sha256(self._data(ident), self._idle, _MAX_DEFER_S) != meta.checksum:
+                raise SnapshotFormatError("checksum mismatch")
+        except FileNotFoundError:
+            return  # removed meanwhile (evicted, quarantined by a lookup, another process)
+        except Exception as exc:
+            self._quarantine(ident, f"data: {type(exc).__name__}: {exc}")
+            return
+        self.stats["verified"] += 1
 
     # -- lookup ------------------------------------------------------------------------
     def lookup(
@@ -378,6 +411,11 @@ class DiskCache:
             except queue.Empty:
                 if self._abandon.is_set():
                     return
+                if not self._shutting_down:
+                    try:
+                        self._verify_one()
+                    except Exception as exc:  # never let a check end the writer
+                        log.error("l2_verify_failed", error=str(exc))
                 continue
             try:
                 if item is _STOP:

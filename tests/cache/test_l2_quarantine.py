@@ -4,6 +4,7 @@ validate is moved to `quarantine/` and counted, and intact snapshots are still s
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -125,4 +126,19 @@ def test_a_hundred_damaged_files_of_every_kind(tmp_path: Path) -> None:
     assert cache.stats["quarantined"] == 100
     assert len(cache) == 5 and len(list(tmp_path.glob("*.json"))) == 5
     assert len(list((tmp_path / "quarantine").glob("*.json"))) == 100
+    cache.close()
+
+
+def test_data_damage_is_found_in_the_background_without_a_lookup(tmp_path: Path) -> None:
+    """Start-up checks metadata at once; the writer checksums the data while idle, so damage
+    no request would read is quarantined too, and intact files are counted verified."""
+    _written(tmp_path, 3)
+    (meta, data), *_ = _pairs(tmp_path)
+    _flip(meta, data)
+    cache = DiskCache(tmp_path)
+    deadline = time.monotonic() + 10
+    while cache.stats["verified"] + cache.stats["quarantined"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cache.stats["quarantined"] == 1 and cache.stats["verified"] == 2, cache.stats
+    assert not meta.exists() and len(cache) == 2
     cache.close()
