@@ -280,12 +280,15 @@ class ToolCallReportModel(BaseModel):
 
 
 class Decision(BaseModel):
-    """A decoding decision: the mode chosen from a cycle on, and why."""
+    """A decoding decision: the mode chosen from a cycle on, and why (a policy's
+    `DecisionRecord`: also the span kind it was made in and the kind of decision)."""
 
     cycle: int
     mode: str
     block_size: int | None = None
     reason: str
+    span: str | None = None
+    kind: str | None = None
 
 
 class Timings(BaseModel):

@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import structlog
@@ -25,7 +25,6 @@ from toolflash.engine.api import (
     TokenLogprob,
 )
 from toolflash.gateway.config import GatewayConfig
-from toolflash.gateway.decisions import DecisionLog
 from toolflash.gateway.errors import (
     BadRequest,
     GatewayError,
@@ -40,6 +39,7 @@ from toolflash.gateway.protocol import ConstraintInfo, Decision, Timings, Toolfl
 from toolflash.gateway.sampling import sampling_info
 from toolflash.gateway.status import LiveStatus, RequestRecord
 from toolflash.gateway.worker import EngineWorker, Job, Prepared
+from toolflash.policy.record import RecordedController, recording
 from toolflash.policy.request_class import RequestClass
 
 log = structlog.get_logger("toolflash.gateway")
@@ -190,14 +190,15 @@ def decision_log(
     *,
     start_in_reasoning: bool = False,
     response_format_json: bool = False,
-) -> DecisionLog | None:
-    """The policy's controller for this request, wrapped so its decisions are reported."""
+) -> RecordedController | None:
+    """The policy's controller for this request, keeping the decision records the response
+    serves (a controller that keeps none is wrapped to record its changes of mode)."""
     if factory is None:
         return None
     controller = factory(
         ControllerRequest(engine.model_id, request_class, response_format_json, start_in_reasoning)
     )
-    return DecisionLog(controller) if controller is not None else None
+    return recording(controller) if controller is not None else None
 
 
 def constraint_info(c: ConstraintStats) -> ConstraintInfo:
@@ -340,9 +341,19 @@ class RequestRun:
         """The policy's logged decisions, or (without a policy) the server default and any
         mode change seen in the cycle records."""
         assert self.prepared is not None
-        log_ = self.prepared.decision_log
-        if log_ is not None and log_.decisions:
-            return [Decision(**asdict(d)) for d in log_.decisions]
+        controller = self.prepared.decision_log
+        if controller is not None and controller.records:
+            return [
+                Decision(
+                    cycle=r.step,
+                    mode=r.mode,
+                    block_size=r.block_size,
+                    reason=r.reason,
+                    span=r.span,
+                    kind=r.kind,
+                )
+                for r in controller.records
+            ]
         req = self.prepared.request
         out = [Decision(cycle=0, mode=req.mode, block_size=req.block_size, reason="server default")]
         for prev, c in zip(cycles, cycles[1:], strict=False):

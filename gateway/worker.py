@@ -22,8 +22,8 @@ from typing import Any, Literal
 import structlog
 
 from toolflash.engine.api import Engine, EngineEvent, FinishEvent, GenerationRequest, TokenEvent
-from toolflash.gateway.decisions import DecisionLog
 from toolflash.gateway.errors import ClientGone, NotReady, Overloaded
+from toolflash.policy.record import RecordedController
 from toolflash.policy.request_class import RequestClass
 
 log = structlog.get_logger(__name__)
@@ -39,7 +39,7 @@ class Prepared:
     request_class: RequestClass
     start_in_reasoning: bool = False
     max_tokens_clamped: bool = False
-    decision_log: DecisionLog | None = None  # wraps the policy's controller, when there is one
+    decision_log: RecordedController | None = None  # the policy's controller, when there is one
     sampling_defaults: tuple[str, ...] = ()  # sampling fields taken from the model's defaults
 
 

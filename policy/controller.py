@@ -42,7 +42,7 @@ from .decide import AR, Arm, Choice, arm_name
 from .estimates import Clock, Estimates, Surplus
 from .measure import step_seconds
 from .reads import StepReads
-from .record import DecisionRecord
+from .record import DecisionRecord, DecisionRecords
 from .request_evidence import RequestEvidence
 from .spans import SPAN_KINDS, SpanTracker
 from .store import PolicyStore
@@ -52,8 +52,6 @@ log = structlog.get_logger(__name__)
 
 # Span entries within a request's first steps choose from the reads `prepare` made.
 _PREPARED_STEPS = 8
-# Decision records queued before they are logged and counted (`PolicyController._publish`).
-_PUBLISH_EVERY = 32
 # Decisions recorded (and dwell reset) even when they keep the arm.
 _RECORDED_KINDS = frozenset(
     ("start", "probe", "probe-won", "probe-lost", "opening", "opening-won", "opening-lost")
@@ -215,9 +213,7 @@ class PolicyController:
         self._own_ar: set[str] = set()
         self._read_ar: set[str] = set()
         self._selected: str | None = None
-        self.records: list[DecisionRecord] = []
-        self.dropped = 0
-        self._unpublished: list[DecisionRecord] = []
+        self.decided = DecisionRecords(self.dec.max_recorded, self._publish)
         self._made: ModeDecision | None = None
         self._t_last = 0.0
         # Made by `prepare` for (context, largest block) `_prepared_for`: the start choice per
@@ -283,7 +279,7 @@ class PolicyController:
 
     def finish(self, stats: GenerationStats) -> None:
         self.reads.fresh()
-        self._publish()
+        self.decided.flush()
         self._flush_ticks()
         self.state.estimates.flush_pooled()
         for (span, mode), n in self.reads.steps.items():
@@ -309,6 +305,11 @@ class PolicyController:
 
     # -- what the response carries --------------------------------------------------------------
     @property
+    def records(self) -> list[DecisionRecord]:
+        """The decisions made so far (at most `max_recorded`; the gateway serves them)."""
+        return self.decided.records
+
+    @property
     def decisions(self) -> list[dict[str, Any]]:
         """The decisions made so far (at most `max_recorded`), as the summary lists them."""
         return [r.entry() for r in self.records]
@@ -324,7 +325,7 @@ class PolicyController:
             "probe_steps": self.probe_steps,
             "openings": self.openings,
             "decisions": self.decisions,
-            "decisions_dropped": self.dropped,
+            "decisions_dropped": self.decided.dropped,
         }
 
     # -- dispatch -------------------------------------------------------------------------------
@@ -614,42 +615,35 @@ class PolicyController:
             spec, tau = self.reads.estimate(("spec", block), span)
             surplus = Surplus(spec, self.reads.throughput(AR, span), tau, block)
             spec_block = arm[1] if arm[0] == "spec" else None
-            rec = DecisionRecord(
-                self.steps, arm[0], spec_block, reason, span, kind, self.tokens, surplus
+            # Only the record is made here; its log line and counter come at finish (`_publish`).
+            self.decided.add(
+                DecisionRecord(
+                    self.steps, arm[0], spec_block, reason, span, kind, self.tokens, surplus
+                )
             )
-            if len(self.records) < self.dec.max_recorded:
-                self.records.append(rec)
-            else:
-                self.dropped += 1
-            # Its log line and counter are made by `_publish` (at finish, or when enough queued).
-            self._unpublished.append(rec)
-            if len(self._unpublished) >= _PUBLISH_EVERY:
-                self._publish()
         self.arm = arm
         self.reason = reason
         return self._decision()
 
-    def _publish(self) -> None:
-        """Log and count the queued decision records, in order, each with its step."""
-        queued, self._unpublished = self._unpublished, []
-        for rec in queued:
-            self.owner.count(
-                "decisions",
-                model=self.model_id,
-                span=rec.span or "",
-                mode=rec.mode,
-                kind=rec.kind or "",
-                **{"class": self.label},
-            )
-            entry = rec.entry()
-            del entry["block_size"], entry["mode"]
-            log.info(
-                "policy.decision",
-                model=self.model_id,
-                request_class=self.label,
-                **entry,
-                mode=rec.arm_name,
-            )
+    def _publish(self, rec: DecisionRecord) -> None:
+        """A decision record's `decisions` counter and `policy.decision` log line."""
+        self.owner.count(
+            "decisions",
+            model=self.model_id,
+            span=rec.span or "",
+            mode=rec.mode,
+            kind=rec.kind or "",
+            **{"class": self.label},
+        )
+        entry = rec.entry()
+        del entry["block_size"], entry["mode"]
+        log.info(
+            "policy.decision",
+            model=self.model_id,
+            request_class=self.label,
+            **entry,
+            mode=rec.arm_name,
+        )
 
     def _decision(self) -> ModeDecision:
         mode, block = self.arm

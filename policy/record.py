@@ -1,7 +1,7 @@
 """The decision record: what a mode controller decided, at which step, in which span, and why.
 
 One frozen `DecisionRecord` per decision. The adaptive controller makes them (with the kind of
-decision and the surplus it read) and keeps them as `records`; the response's
+decision and the surplus it read) and keeps them (`DecisionRecords`) as `records`; the response's
 `toolflash.decisions`, the `policy.decision` log line, the `decisions` counter and the
 controller's summary are all rendered from them. A controller that keeps no records (a scripted
 one) is wrapped by `recording`, which records each change of mode or block it returns.
@@ -9,7 +9,7 @@ one) is wrapped by `recording`, which records each change of mode or block it re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -53,6 +53,36 @@ class DecisionRecord:
         if self.surplus is not None:
             out.update(self.surplus.as_dict())
         return out
+
+
+class DecisionRecords:
+    """A controller's decision records: listed up to `max_recorded` (the rest counted as
+    `dropped`), and handed to `publish` (its log line and counter) in order, in batches of
+    `batch`, or when `flush` is called: at finish, off the decode steps."""
+
+    def __init__(
+        self, max_recorded: int, publish: Callable[[DecisionRecord], None], batch: int = 32
+    ) -> None:
+        self.records: list[DecisionRecord] = []
+        self.dropped = 0
+        self.max_recorded = max_recorded
+        self.batch = batch
+        self._publish = publish
+        self._queued: list[DecisionRecord] = []
+
+    def add(self, record: DecisionRecord) -> None:
+        if len(self.records) < self.max_recorded:
+            self.records.append(record)
+        else:
+            self.dropped += 1
+        self._queued.append(record)
+        if len(self._queued) >= self.batch:
+            self.flush()
+
+    def flush(self) -> None:
+        queued, self._queued = self._queued, []
+        for record in queued:
+            self._publish(record)
 
 
 @runtime_checkable
