@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.resources
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,20 +66,48 @@ class SpanSettings(_Strict):
 
 
 class Defaults(SpanSettings):
-    """What every (class, span) gets unless `classes` says otherwise."""
+    """Every (request class, span kind) unless `classes` says otherwise."""
 
-    mode: ModeChoice | None = "adaptive"
-    block_sizes: list[int] | None = Field(default_factory=lambda: [16, 8, 4], min_length=1)
-    switch_margin: float | None = Field(default=0.05, ge=0.0, le=1.0)
-    min_confidence: float | None = Field(default=0.8, gt=0.5, lt=1.0)
-    min_samples: float | None = Field(default=4.0, ge=0.0)
+    mode: ModeChoice | None = Field(default="adaptive", description="adaptive | spec | ar")
+    block_sizes: list[int] | None = Field(
+        default_factory=lambda: [16, 8, 4],
+        min_length=1,
+        description="spec block sizes to choose from (capped at the drafter's block)",
+    )
+    switch_margin: float | None = Field(
+        default=0.05, ge=0.0, le=1.0, description="the other arm must be 5% faster ..."
+    )
+    min_confidence: float | None = Field(
+        default=0.8, gt=0.5, lt=1.0, description="... with this confidence, to switch"
+    )
+    min_samples: float | None = Field(
+        default=3.0,
+        ge=0.0,
+        description="fewer effective samples than this: the estimate is uncertain",
+    )
 
 
 class EstimateSettings(_Strict):
-    sample_half_life: float = Field(default=200.0, gt=0.0)
-    half_life_s: float = Field(default=21600.0, ge=0.0)
-    smallest_bucket: int = Field(default=256, ge=1)
-    timing: Literal["cycle", "wall"] = "wall"
+    """How measurements become estimates."""
+
+    sample_half_life: float = Field(
+        default=200.0, gt=0.0, description="an observation weighs half after this many newer ones"
+    )
+    half_life_s: float = Field(
+        default=21600.0,
+        ge=0.0,
+        description="... and after this many seconds (stale estimates get re-probed)",
+    )
+    smallest_bucket: int = Field(
+        default=256,
+        ge=1,
+        description="contexts are compared in power-of-two buckets from here",
+    )
+    timing: Literal["cycle", "wall"] = Field(
+        default="wall",
+        description="wall: time between steps (what a client sees, per-step overheads included;"
+        " at most 2x the cycle); cycle: draft + verify + rollback",
+    )
 
     @field_validator("smallest_bucket")
     @classmethod
@@ -89,36 +118,138 @@ class EstimateSettings(_Strict):
 
 
 class ExploreSettings(_Strict):
-    probe_spec_cycles: int = Field(default=3, ge=1, le=64)
-    probe_ar_steps: int = Field(default=6, ge=1, le=256)
-    budget_per_request: int = Field(default=24, ge=0)
-    backoff_base_steps: int = Field(default=32, ge=1)
-    backoff_max_steps: int = Field(default=8192, ge=1)
-    explore_p: float = Field(default=0.1, gt=0.0, lt=0.5)
-    skip_hopeless: bool = True
-    opening_probe: bool = True
+    """Trials of another arm (`policy/trial.py`)."""
+
+    probe_spec_cycles: int = Field(
+        default=3, ge=1, le=64, description="a probe of spec runs this many cycles"
+    )
+    probe_ar_steps: int = Field(
+        default=6, ge=1, le=256, description="a probe of AR this many steps"
+    )
+    budget_per_request: int = Field(
+        default=24, ge=0, description="probe steps one request may spend"
+    )
+    backoff_base_steps: int = Field(
+        default=32,
+        ge=1,
+        description="after a losing probe, wait 32, 64, 128... steps of that class/span",
+    )
+    backoff_max_steps: int = Field(default=8192, ge=1, description="... at most this many")
+    explore_p: float = Field(
+        default=0.1,
+        gt=0.0,
+        lt=0.5,
+        description="probe when P(other arm faster) is at least this but not decisive",
+    )
+    skip_hopeless: bool = Field(
+        default=True,
+        description="never probe a spec block whose measured tau x AR tok/s cannot win",
+    )
+    opening_probe: bool = Field(
+        default=True,
+        description="where the class says AR, open each request (and each span kind it enters)"
+        " with one spec cycle and stay spec if this request's own acceptance beats AR (backs off"
+        " per class and span)",
+    )
 
 
 class DecisionSettings(_Strict):
-    initial_mode: Literal["spec", "ar"] = "spec"
-    recheck_every: int = Field(default=8, ge=1)
-    recheck_max: int = Field(default=32, ge=1)
-    min_dwell: int = Field(default=4, ge=0)
-    max_recorded: int = Field(default=64, ge=0)
-    request_evidence_cycles: int = Field(default=0, ge=0)
+    """When the controller decides."""
+
+    initial_mode: Literal["spec", "ar"] = Field(
+        default="spec", description="where nothing is measured yet"
+    )
+    recheck_every: int = Field(
+        default=8, ge=1, description="re-evaluate inside a span every N steps"
+    )
+    recheck_max: int = Field(
+        default=32, ge=1, description="... doubling while rechecks change nothing, up to this"
+    )
+    min_dwell: int = Field(
+        default=4, ge=0, description="steps in an arm before a recheck or a probe may leave it"
+    )
+    max_recorded: int = Field(default=64, ge=0, description="decisions listed per response")
+    request_evidence_cycles: int = Field(
+        default=0,
+        ge=0,
+        description="a span's own drafted cycles after which its tokens per cycle, not the"
+        " class's, decide spec vs AR at rechecks (0: never). Off: where a request's drafts miss,"
+        " the engine's adaptive draft length shrinks its blocks to near an AR step's cost and"
+        " grows them back when drafts land, which beat switching the request to AR (agent"
+        " workload, 24 rounds: 5 of 7 classes within 3% of the better fixed mode against 2 of 7,"
+        " overall +14.3% vs +10.9%)",
+    )
 
 
 class PolicyFile(_Strict):
     """One YAML file."""
 
-    models: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
-    state_dir: str | None = None
-    save_every_s: float = Field(default=30.0, ge=0.0)
+    models: list[str] = Field(
+        default_factory=lambda: ["*"],
+        min_length=1,
+        description="model id globs this file applies to (the default file: every model)",
+    )
+    state_dir: str | None = Field(
+        default="~/.cache/toolflash",
+        description="learned estimates persist here (policy-state.json) so a restarted server"
+        " does not relearn",
+    )
+    save_every_s: float = Field(
+        default=30.0, ge=0.0, description="at most one save of the estimates per this many seconds"
+    )
     estimates: EstimateSettings = EstimateSettings()
     exploration: ExploreSettings = ExploreSettings()
     decisions: DecisionSettings = DecisionSettings()
     defaults: Defaults = Defaults()
-    classes: dict[str, dict[SpanKey, SpanSettings]] = Field(default_factory=dict)
+    classes: dict[str, dict[SpanKey, SpanSettings]] = Field(
+        default_factory=dict,
+        description="request-class label globs -> span kind (text, reasoning, tool_call, json,"
+        " or *) -> settings. Labels are kind[.sampled].think-X.turn.band, e.g."
+        " tools.think-off.tool-result.lt4k (greedy) or tools.sampled.think-off.tool-result.lt4k"
+        " (temperature > 0, after the model's defaults); kinds: chat, tools, tools-strict,"
+        " tool-forced, json. `tools.*` matches both; `tools.sampled.*` only sampled requests."
+        " `toolflash policy show` prints the full scheme.",
+    )
+
+
+# The shipped default file is rendered from the models above (`defaults_yaml`): each setting is
+# declared once, with its default and what it means, and tests/policy/test_settings.py fails when
+# the file, or a default restated in code or docs, disagrees.
+_DEFAULTS_HEADER = """\
+# toolflash decoding policy: the default, applied to every model. Generated from the settings'
+# declarations in policy/config.py (`toolflash policy defaults > configs/default.yaml`): change
+# a default there. Other files in this folder (and files passed by the user) override it field by
+# field when one of their `models` glob patterns matches the served model id. Check a file with
+# `toolflash policy check FILE`; see the result with `toolflash policy show --model ID`.
+"""
+
+
+def _comment(text: str, indent: str) -> str:
+    return "".join(f"{indent}# {line}\n" for line in textwrap.wrap(text, 96 - len(indent)))
+
+
+def _value(v: Any) -> str:
+    return yaml.safe_dump(v, default_flow_style=True, width=1000).strip().removesuffix("\n...")
+
+
+def defaults_yaml() -> str:
+    """`configs/default.yaml`: every setting with its default, each under its description."""
+    out = [_DEFAULTS_HEADER]
+    defaults = PolicyFile().model_dump(mode="json")
+    for name, field in PolicyFile.model_fields.items():
+        value = defaults[name]
+        section = field.annotation
+        out.append("\n")
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            out.append(_comment(section.__doc__ or name, ""))
+            out.append(f"{name}:\n")
+            for key, sub in section.model_fields.items():
+                out.append(_comment(sub.description or key, "  "))
+                out.append(f"  {key}: {_value(value[key])}\n")
+        else:
+            out.append(_comment(field.description or name, ""))
+            out.append(f"{name}: {_value(value)}\n")
+    return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -160,7 +291,8 @@ class EffectivePolicy:
         return self.data.decisions
 
     def state_file(self) -> Path:
-        base = Path(self.data.state_dir or "~/.cache/toolflash").expanduser()
+        default = PolicyFile.model_fields["state_dir"].default
+        base = Path(self.data.state_dir or default).expanduser()
         return base / "policy-state.json"
 
     def rule(self, label: str, span: str) -> SpanRule:

@@ -1,4 +1,5 @@
-"""`toolflash policy show|check`: print the effective decoding policy, or validate a policy file."""
+"""`toolflash policy show|check|defaults`: print the effective decoding policy, validate a policy
+file, or print the default file rendered from the settings' declarations."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ import sys
 from pathlib import Path
 
 from toolflash.engine.registry import EMBEDDED_MODEL
-from toolflash.policy.config import PolicyConfig, PolicyFileError, load_policy_file
+from toolflash.policy.config import (
+    PolicyConfig,
+    PolicyFileError,
+    defaults_yaml,
+    load_policy_file,
+)
 
 DEFAULT_MODEL = EMBEDDED_MODEL
 
@@ -29,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "check", help="Validate a policy file (exit 1 with file, field, reason)."
     )
     check.add_argument("file", help="policy YAML file")
+    sub.add_parser(
+        "defaults",
+        help="Print every setting with its default and meaning (configs/default.yaml is this).",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(policy.to_yaml())
             sys.stdout.write(calibration_status(args.model, policy.state_file().parent))
             return 0
+        if action == "defaults":
+            sys.stdout.write(defaults_yaml())
+            return 0
         if action == "check":
             parsed, _ = load_policy_file(args.file)
             print(f"{args.file}: ok (models: {', '.join(parsed.models)})")
@@ -46,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     except PolicyFileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print("usage: toolflash policy {show,check} ...", file=sys.stderr)
+    print("usage: toolflash policy {show,check,defaults} ...", file=sys.stderr)
     return 2
 
 
