@@ -6,7 +6,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from toolflash.engine.state import DraftState, LayerState, SessionState
+from toolflash.cache.state import DraftState, LayerState, SessionState
 
 from .key import SCHEMA_VERSION, SnapshotKey
 from .snapshot import Snapshot

@@ -11,7 +11,7 @@ from typing import Literal
 
 import structlog
 
-from toolflash.engine.state import SessionState
+from toolflash.cache.state import SessionState
 
 from .key import SnapshotKey
 from .l1 import MemoryCache

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from toolflash.engine.state import SessionState
+from toolflash.cache.state import SessionState
 
 from .key import SnapshotKey
 
