@@ -4,6 +4,15 @@ concurrent clients (1/4/16) for throughput and queueing.
     python benchmarks/gateway_overhead.py                     # embedded tiny pair
     python benchmarks/gateway_overhead.py --model M --draft D --json out.json
     python benchmarks/gateway_overhead.py --engine fake       # deterministic test engine
+    python benchmarks/gateway_overhead.py --max-tokens 128 --ignore-eos --repeats 2 \
+        --clients 0 --mode ar                                 # issue #25's streaming figure
+
+`--ignore-eos` bans the end-of-turn tokens with `logit_bias` (in the direct runs too), so every
+run decodes exactly `--max-tokens` tokens (the tiny pair otherwise stops after 10-40).
+`overhead_pct` is what HTTP adds to a generation, relative to the engine alone (the median over
+runs of (HTTP - direct) / direct; `best_overhead_pct`: the fastest HTTP run against the fastest
+direct one, which other load on a shared machine moves less); `stream_vs_plain_ms_per_token` is
+what streaming adds per token over the same request answered in one body.
 
 The direct runs happen inside the engine factory, on the server's engine worker thread, so the
 engine is only ever used from one thread (as in serving). Decoding is greedy, so each HTTP run
@@ -13,6 +22,7 @@ must produce exactly the tokens of its direct twin; the script checks that.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -22,8 +32,10 @@ import statistics
 import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -32,7 +44,14 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
-from toolflash.engine.api import Engine, FinishEvent, GenerationRequest, Mode, TokenEvent
+from toolflash.engine.api import (
+    Engine,
+    FinishEvent,
+    GenerationRequest,
+    Mode,
+    SamplingParams,
+    TokenEvent,
+)
 from toolflash.gateway.app import create_app
 from toolflash.gateway.config import GatewayConfig
 
@@ -50,17 +69,26 @@ class Run:
     ttft_s: float | None
     completion_tokens: int
     queue_s: float = 0.0
+    server_cpu_s: float = 0.0  # CPU time of the server process (all its threads) in the run
+    client_cpu_s: float = 0.0  # CPU time of the client process in the run
 
 
 def messages(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
 
-def direct_run(engine: Engine, prompt: str, max_tokens: int, mode: Mode) -> Run:
+def direct_run(
+    engine: Engine, prompt: str, max_tokens: int, mode: Mode, banned: tuple[int, ...] = ()
+) -> Run:
     """One generation through the engine API (what the gateway does, minus HTTP)."""
     t0 = time.perf_counter()
     tokens = engine.encode_chat(messages(prompt), None, {"enable_thinking": False})
-    request = GenerationRequest(prompt_tokens=tuple(tokens), max_tokens=max_tokens, mode=mode)
+    request = GenerationRequest(
+        prompt_tokens=tuple(tokens),
+        max_tokens=max_tokens,
+        mode=mode,
+        sampling=SamplingParams(logit_bias=dict.fromkeys(banned, -100.0)),
+    )
     ttft = None
     n = 0
     for ev in engine.generate(request):
@@ -71,13 +99,22 @@ def direct_run(engine: Engine, prompt: str, max_tokens: int, mode: Mode) -> Run:
     return Run(time.perf_counter() - t0, ttft, n)
 
 
-def http_run(client: httpx.Client, url: str, prompt: str, max_tokens: int, stream: bool) -> Run:
+def http_run(
+    client: httpx.Client,
+    url: str,
+    prompt: str,
+    max_tokens: int,
+    stream: bool,
+    banned: tuple[int, ...] = (),
+) -> Run:
     body: dict[str, Any] = {
         "messages": messages(prompt),
         "max_tokens": max_tokens,
         "chat_template_kwargs": {"enable_thinking": False},
         "stream": stream,
     }
+    if banned:
+        body["logit_bias"] = {str(t): -100 for t in banned}
     t0 = time.perf_counter()
     if not stream:
         r = client.post(f"{url}/v1/chat/completions", json=body)
@@ -150,9 +187,46 @@ def overhead(direct: list[Run], http: list[Run]) -> dict[str, float]:
     return {
         "direct_e2e_ms": round(1e3 * median([d.e2e_s for d in direct]), 3),
         "http_e2e_ms": round(1e3 * median([h.e2e_s for h in http]), 3),
+        "direct_ms_per_token": round(
+            1e3 * median([d.e2e_s / max(d.completion_tokens, 1) for d in direct]), 4
+        ),
         "added_ms_per_request": round(1e3 * median(added), 3),
         "added_ms_per_token": round(1e3 * median(per_tok), 4),
+        "overhead_pct": round(
+            100 * median([a / d.e2e_s for a, d in zip(added, direct, strict=True)]), 2
+        ),
+        # Fastest run against fastest run: what is left when other load on the machine
+        # slowed some runs of either kind (the medians move with it).
+        "best_overhead_pct": round(
+            100 * (min(h.e2e_s for h in http) / min(d.e2e_s for d in direct) - 1), 2
+        ),
+        # CPU time: the server process's, and what HTTP adds to it (median over runs, relative
+        # to the direct run's); the client process's beside it.
+        "direct_server_cpu_ms": round(1e3 * median([d.server_cpu_s for d in direct]), 3),
+        "http_server_cpu_ms": round(1e3 * median([h.server_cpu_s for h in http]), 3),
+        "added_server_cpu_pct": round(
+            100
+            * median(
+                [(h.server_cpu_s - d.server_cpu_s) / d.server_cpu_s for d, h in zip(direct, http)]
+            ),
+            2,
+        ),
+        "client_cpu_ms": round(1e3 * median([h.client_cpu_s for h in http]), 3),
     }
+
+
+def stream_vs_plain(plain: list[Run], streamed: list[Run]) -> float:
+    """Median ms per token that streaming adds over the same request answered in one body."""
+    return round(
+        1e3
+        * median(
+            [
+                (s.e2e_s - p.e2e_s) / max(s.completion_tokens, 1)
+                for p, s in zip(plain, streamed, strict=True)
+            ]
+        ),
+        4,
+    )
 
 
 def concurrency(
@@ -196,10 +270,24 @@ def concurrency(
     }
 
 
-def http_once(url: str, prompt: str, max_tokens: int, stream: bool) -> Run:
+def http_once(
+    url: str, prompt: str, max_tokens: int, stream: bool, banned: tuple[int, ...] = ()
+) -> Run:
     """One HTTP generation from a fresh client (runs in the client process)."""
     with httpx.Client(timeout=600) as c:
-        return http_run(c, url, prompt, max_tokens, stream)
+        c0 = time.process_time()
+        run = http_run(c, url, prompt, max_tokens, stream, banned)
+        run.client_cpu_s = time.process_time() - c0
+        return run
+
+
+def measured(start: Callable[[], Future[Run]]) -> Run:
+    """The run `start()` starts, with the CPU time this (the server's) process spent until it
+    ended: CPU time moves far less than wall time with other load on the machine."""
+    c0 = time.process_time()
+    run = start().result()
+    run.server_cpu_s = time.process_time() - c0
+    return run
 
 
 def versions() -> dict[str, str]:
@@ -224,7 +312,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2, help="runs of each prompt per variant")
-    p.add_argument("--clients", default="1,4,16")
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="ban the end-of-turn tokens (logit_bias -100) so each run decodes --max-tokens",
+    )
+    p.add_argument("--clients", default="1,4,16", help="concurrent clients per run; 0: none")
+    p.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        default=None,
+        help="the gateway's stream_interval_ms (default: the server's default)",
+    )
     p.add_argument("--per-client", type=int, default=2)
     p.add_argument(
         "--switch-interval-ms",
@@ -254,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         return build_engine(args.model, args.draft, mode=args.mode, block_size=args.block_size)
 
     config = GatewayConfig(mode=args.mode, block_size=args.block_size, max_queue=64)
+    if args.stream_interval_ms is not None:
+        config = dataclasses.replace(config, stream_interval_ms=args.stream_interval_ms)
     app = create_app(factory, config)
     url, server, thread = start_server(app)
     direct: list[Run] = []
@@ -268,17 +369,29 @@ def main(argv: list[str] | None = None) -> int:
         # so machine-load drift hits them alike.
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+            banned: tuple[int, ...] = ()
+            if args.ignore_eos:
+                banned = worker.call(lambda e: tuple(sorted(getattr(e, "eos_ids", ())))).result()
             worker.call(lambda e: direct_run(e, prompts[0], 4, args.mode)).result()  # warm-up
             pool.submit(http_once, url, prompts[0], 4, False).result()
             for prompt in work:
-                direct.append(
-                    worker.call(
-                        lambda e, p=prompt: direct_run(e, p, args.max_tokens, args.mode)
-                    ).result()
+                job = partial(
+                    direct_run,
+                    prompt=prompt,
+                    max_tokens=args.max_tokens,
+                    mode=args.mode,
+                    banned=banned,
                 )
-                plain.append(pool.submit(http_once, url, prompt, args.max_tokens, False).result())
-                streamed.append(pool.submit(http_once, url, prompt, args.max_tokens, True).result())
-            clients = [int(n) for n in args.clients.split(",")]
+                direct.append(measured(partial(worker.call, job)))
+                for stream, runs in ((False, plain), (True, streamed)):
+                    runs.append(
+                        measured(
+                            partial(
+                                pool.submit, http_once, url, prompt, args.max_tokens, stream, banned
+                            )
+                        )
+                    )
+            clients = [int(n) for n in args.clients.split(",") if int(n) > 0]
             conc = [
                 pool.submit(concurrency, url, prompts, n, args.per_client, args.max_tokens).result()
                 for n in clients
@@ -299,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         "draft": args.draft,
         "mode": args.mode,
         "max_tokens": args.max_tokens,
+        "ignore_eos": args.ignore_eos,
+        "command": "python benchmarks/gateway_overhead.py " + " ".join(argv or sys.argv[1:]),
         "runs_per_variant": len(work),
         "median_completion_tokens": median([float(d.completion_tokens) for d in direct]),
         "token_mismatches": mismatch,
@@ -307,10 +422,12 @@ def main(argv: list[str] | None = None) -> int:
             **overhead(direct, streamed),
             "direct_ttft_ms": round(1e3 * median([d.ttft_s for d in direct if d.ttft_s]), 3),
             "http_ttft_ms": round(1e3 * median([s.ttft_s for s in streamed if s.ttft_s]), 3),
+            "stream_vs_plain_ms_per_token": stream_vs_plain(plain, streamed),
         },
         "concurrency": conc,
         "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "switch_interval_ms": sys.getswitchinterval() * 1e3,
+        "stream_interval_ms": getattr(config, "stream_interval_ms", None),
         "machine": {
             "platform": platform.platform(),
             "machine": platform.machine(),
