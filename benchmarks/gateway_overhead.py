@@ -70,6 +70,7 @@ class Run:
     completion_tokens: int
     queue_s: float = 0.0
     server_cpu_s: float = 0.0  # CPU time of the server process (all its threads) in the run
+    loop_cpu_s: float = 0.0  # ... of its event-loop thread alone (HTTP, SSE, the gateway's work)
     client_cpu_s: float = 0.0  # CPU time of the client process in the run
 
 
@@ -211,6 +212,7 @@ def overhead(direct: list[Run], http: list[Run]) -> dict[str, float]:
             ),
             2,
         ),
+        "loop_cpu_ms": round(1e3 * median([h.loop_cpu_s for h in http]), 3),
         "client_cpu_ms": round(1e3 * median([h.client_cpu_s for h in http]), 3),
     }
 
@@ -281,12 +283,15 @@ def http_once(
         return run
 
 
-def measured(start: Callable[[], Future[Run]]) -> Run:
-    """The run `start()` starts, with the CPU time this (the server's) process spent until it
-    ended: CPU time moves far less than wall time with other load on the machine."""
-    c0 = time.process_time()
+def measured(start: Callable[[], Future[Run]], loop_thread: threading.Thread) -> Run:
+    """The run `start()` starts, with the CPU time this (the server's) process and its
+    event-loop thread spent until it ended: CPU time moves far less than wall time with other
+    load on the machine."""
+    loop_clock = time.pthread_getcpuclockid(loop_thread.ident or 0)
+    c0, l0 = time.process_time(), time.clock_gettime(loop_clock)
     run = start().result()
     run.server_cpu_s = time.process_time() - c0
+    run.loop_cpu_s = time.clock_gettime(loop_clock) - l0
     return run
 
 
@@ -382,13 +387,14 @@ def main(argv: list[str] | None = None) -> int:
                     mode=args.mode,
                     banned=banned,
                 )
-                direct.append(measured(partial(worker.call, job)))
+                direct.append(measured(partial(worker.call, job), thread))
                 for stream, runs in ((False, plain), (True, streamed)):
                     runs.append(
                         measured(
                             partial(
                                 pool.submit, http_once, url, prompt, args.max_tokens, stream, banned
-                            )
+                            ),
+                            thread,
                         )
                     )
             clients = [int(n) for n in args.clients.split(",") if int(n) > 0]
