@@ -15,7 +15,8 @@ the span tracker over the committed text, and decides the next mode and block si
   this request's own acceptance beats AR (`request_evidence.py`); and, where this request's own
   cycles moved a span to AR (`request_evidence_cycles`, off by default), retry cycles.
 The decisions themselves are pure functions (`decide.py`); the estimate reads and queued
-measurements are `StepReads` (`reads.py`); this module tracks spans and trials and dispatches.
+measurements are `StepReads` (`reads.py`); a request's trials, and what its own acceptance
+decided, are `RequestTrials` (`trial.py`); this module tracks spans and dispatches each step.
 The block decided here is the largest a cycle drafts: the engine's adaptive draft length
 (`engine/draft_length.py`) shortens it after rejected drafts inside a spec stretch. Every
 decision is a `DecisionRecord` (`record.py`): listed (`records`), logged and counted at `finish`,
@@ -38,15 +39,14 @@ from toolflash.policy.request_class import RequestClass
 
 from . import decide
 from .config import EffectivePolicy, PolicyConfig, SpanRule
-from .decide import AR, Arm, Choice, arm_name
+from .decide import AR, Arm, Choice
 from .estimates import Clock, Estimates, Surplus
 from .measure import step_seconds
 from .reads import StepReads
 from .record import DecisionRecord, DecisionRecords
-from .request_evidence import RequestEvidence
 from .spans import SPAN_KINDS, SpanTracker
 from .store import PolicyStore
-from .trial import Backoff, Trial, opening_backoff, probe_backoff, retry_backoff
+from .trial import Backoff, RequestTrials, opening_backoff, probe_backoff
 
 log = structlog.get_logger(__name__)
 
@@ -188,7 +188,6 @@ class PolicyController:
         self.state = state
         self.policy = state.policy
         self.dec = self.policy.decisions
-        self.explore = self.policy.exploration
         self.model_id = model_id
         self.label = request_class.label
         self.spans = SpanTracker(json_output=json_output, start_in_reasoning=start_in_reasoning)
@@ -197,22 +196,18 @@ class PolicyController:
         self.arm: Arm = AR
         self.reason = ""
         self.max_block = 16
-        self.steps = self.tokens = self.dwell = 0
-        self.switches = self.probes = self.probe_steps = self.openings = 0
-        self.budget = self.explore.budget_per_request
+        self.steps = self.tokens = self.dwell = self.switches = 0
         # Rechecks back off while they change nothing (`_recheck_done`, `_reset_rechecks`).
         self._interval = self._next_check = self.dec.recheck_every
-        self.trial: Trial | None = None
-        # This request's own acceptance per span, and what it decided: spans it moved to AR
-        # (`_own_ar`: the class estimates do not switch them back, retry cycles may), spans
-        # where its own cycles said AR (`_read_ar`: no spec probes there), and the span running
-        # spec because its own acceptance won (`_selected`: its cycles are no measure of the
-        # class, which would otherwise learn from the requests that won alone).
-        self.evidence = RequestEvidence(self.dec.request_evidence_cycles)
-        self.retries = retry_backoff(lambda: self.steps)
-        self._own_ar: set[str] = set()
-        self._read_ar: set[str] = set()
-        self._selected: str | None = None
+        self.trials = RequestTrials(
+            self,
+            self.policy,
+            self.label,
+            (model_id, self.label),
+            state.probes,
+            state.openings,
+            owner.count,
+        )
         self.decided = DecisionRecords(self.dec.max_recorded, self._publish)
         self._made: ModeDecision | None = None
         self._t_last = 0.0
@@ -237,9 +232,9 @@ class PolicyController:
         self.reads.begin_prepare(prompt_tokens)
         for span in SPAN_KINDS:
             rule = self.policy.rule(self.label, span)
-            self._prepared[span] = self._choose(rule, span, None)
-            self._opening_if_ar[span] = self._opening_candidate(rule, span, AR)
-            self._best_block(span)  # read by the record of a decision for AR
+            self._prepared[span] = self.choose(rule, span, None)
+            self._opening_if_ar[span] = self.trials.opening_candidate(rule, span, AR)
+            self.best_block(span)  # read by the record of a decision for AR
         self.reads.keep_prepared()
         self._prepared_for = (prompt_tokens, self.max_block)
 
@@ -248,39 +243,44 @@ class PolicyController:
             self.prepare(prompt_tokens, default_block_size)
         span = self.spans.kind
         arm, reason, kind = self._prepared[span]
-        opening = self._allowed_opening(span, self._opening_if_ar[span] if arm == AR else None)
+        opening = self.trials.allowed_opening(
+            span, self._opening_if_ar[span] if arm == AR else None
+        )
         self.owner.count("requests", model=self.model_id, **{"class": self.label})
         self._t_last = time.perf_counter()
         if opening is not None:
-            return self._open(opening, reason, span)
-        return self._set(arm, kind, reason, span)
+            return self._set(*self.trials.open(opening, reason, span), span)
+        return self._set(arm, reason, kind, span)
 
     def after_step(self, record: CycleRecord, token_ids: Sequence[int], text: str) -> ModeDecision:
         now = time.perf_counter()
         seconds = step_seconds(record, now, self._t_last, self.timing_wall)
         self._t_last = now
         span = self.spans.kind
-        selected = record.mode == "spec" and span == self._selected
+        trials = self.trials
+        selected = record.mode == "spec" and span == trials.selected
         self.reads.observe(record, span, seconds, self.arm, selected)
-        self.evidence.add(span, record)
+        trials.evidence.add(span, record)
         new_span = self.spans.push(text) if text else span
         self.steps += 1
         self.dwell += 1
         self.tokens += record.committed
-        if self.trial is not None:
-            judged = self._trial_step(self.trial, span, new_span)
-            if judged is not None:
-                return judged
+        if trials.current is not None:
+            verdict, final = trials.step(span, new_span)
+            if verdict is not None:
+                made = self._set(*verdict, span)
+                if final:
+                    return made
         if new_span != span:
             return self._enter(new_span)
-        if self.trial is None:
+        if trials.current is None:
             return self._recheck(span)
         return self._decision()
 
     def finish(self, stats: GenerationStats) -> None:
         self.reads.fresh()
         self.decided.flush()
-        self._flush_ticks()
+        self.trials.flush_ticks()
         self.state.estimates.flush_pooled()
         for (span, mode), n in self.reads.steps.items():
             labels = {"model": self.model_id, "class": self.label, "span": span, "mode": mode}
@@ -304,6 +304,18 @@ class PolicyController:
         self.reads.fresh()
 
     # -- what the response carries --------------------------------------------------------------
+    @property
+    def probes(self) -> int:
+        return self.trials.probes
+
+    @property
+    def probe_steps(self) -> int:
+        return self.trials.probe_steps
+
+    @property
+    def openings(self) -> int:
+        return self.trials.openings
+
     @property
     def records(self) -> list[DecisionRecord]:
         """The decisions made so far (at most `max_recorded`; the gateway serves them)."""
@@ -333,255 +345,59 @@ class PolicyController:
         """A new span kind: its arm and block chosen afresh, opened with a trial cycle where the
         class says AR (a tool call that copies names and paths from its context accepts whole
         blocks where the class's other tool calls accept little)."""
+        trials = self.trials
         self._reset_rechecks()
-        self._selected = None
+        trials.selected = None
         early = self.steps <= _PREPARED_STEPS
         if early:
             self.reads.use_prepared()
         rule = self.policy.rule(self.label, span)
-        arm, reason, kind = self._choose(rule, span, self.arm, fresh_block=True)
-        if self._overruled(arm, span):
+        arm, reason, kind = self.choose(rule, span, self.arm, fresh_block=True)
+        if trials.overruled(arm, span):
             arm, reason = AR, f"{span}: this request's own acceptance chose ar here"
         if early:
             candidate = self._opening_if_ar[span] if arm == AR else None
         else:
-            candidate = self._opening_candidate(rule, span, arm)
-        opening = self._allowed_opening(span, candidate)
-        if opening is not None and span not in self._own_ar:
-            return self._open(opening, reason, span)
-        return self._set(arm, kind, reason, span)
+            candidate = trials.opening_candidate(rule, span, arm)
+        opening = trials.allowed_opening(span, candidate)
+        if opening is not None and span not in trials.own_ar:
+            return self._set(*trials.open(opening, reason, span), span)
+        return self._set(arm, reason, kind, span)
 
     def _recheck(self, span: str) -> ModeDecision:
         """Inside a span with no trial in flight: a retry where one is due; once the arm has
         settled (`min_dwell` steps), at each recheck: this request's own verdict where it has
         one, then whether a known arm beats the current one outright, only then whether to
         probe (probing while a measured arm is clearly faster would only delay the switch)."""
+        trials = self.trials
         rule = self.policy.rule(self.label, span)
-        if self.arm == AR and span in self._own_ar and self.retries.allowed(span):
-            block = self._best_block(span)
-            self.trial = Trial("retry", span, ("spec", block), AR, 1)
-            why = f"{span}: one spec{block} cycle after {self.retries.waited(span)} ar steps"
-            return self._set(("spec", block), "retry", why, span)
+        retry = trials.retry(span)
+        if retry is not None:
+            return self._set(*retry, span)
         min_dwell = self.dec.min_dwell
         due = self.steps >= self._next_check or self.dwell == min_dwell
         if due and self.dwell >= min_dwell:
-            # A span that runs spec on this request's own acceptance stays on it: the class
-            # (which chose AR here) does not rule it, its recent cycles do.
-            selected = span == self._selected
-            own = self._request_verdict(
-                rule, span, self.evidence.tau(span, min_cycles=1 if selected else None)
-            )
-            if own is not None:
-                verdict, why = own
-                if verdict == "ar":
-                    self._selected = None
-                    self._read_ar.add(span)
-                    self._own_ar.add(span)
-                    self.retries.lost(span)
-                    return self._set(AR, "request", why, span)
-                if verdict == "spec" or selected:  # the class mean does not rule
-                    self._recheck_done()
-                    return self._decision()
-            arm, reason, _ = self._choose(rule, span, self.arm)
-            if arm != self.arm and not self._overruled(arm, span):
-                return self._set(arm, "recheck", reason, span)
+            own = trials.recheck(rule, span)
+            if own is True:  # this request's own cycles keep the arm
+                self._recheck_done()
+                return self._decision()
+            if own:
+                return self._set(*own, span)
+            arm, reason, _ = self.choose(rule, span, self.arm)
+            if arm != self.arm and not trials.overruled(arm, span):
+                return self._set(arm, reason, "recheck", span)
         # Where this request's own acceptance chose AR (a lost opening, a request verdict),
         # spec probes would only read again what it already said.
-        if due and self.budget > 0 and rule.mode != "ar" and span not in self._read_ar:
-            self._maybe_probe(rule, span)
-        if due and self.trial is None:
+        if due and trials.budget > 0 and rule.mode != "ar" and span not in trials.read_ar:
+            probe = trials.probe(rule, span)
+            if probe is not None:
+                self._set(*probe, span)
+        if due and trials.current is None:
             self._recheck_done()
         return self._decision()
 
-    # -- trials ---------------------------------------------------------------------------------
-    def _trial_step(self, trial: Trial, span: str, new_span: str) -> ModeDecision | None:
-        """Count a step of the trial; at its end, its verdict (a probe's is made and the step
-        decides on; an opening's or retry's is the step's decision, unless the span changed)."""
-        trial.remaining -= 1
-        if trial.kind == "probe":
-            self.probe_steps += 1
-            self.budget -= 1
-        if trial.remaining > 0 and new_span == span:
-            return None
-        self.trial = None
-        if trial.kind == "probe":
-            self._end_probe(trial, span)
-            return None
-        if not new_span == span == trial.span:
-            return None
-        if trial.kind == "opening":
-            return self._end_opening(span)
-        return self._end_retry(span)
-
-    def _maybe_probe(self, rule: SpanRule, span: str) -> None:
-        if self.dwell < self.dec.min_dwell:
-            return
-        self.reads.fresh()
-        self._flush_ticks()
-        scope = (self.model_id, self.label, span)
-        allowed = decide.arms(rule, self.max_block)
-        est = {a: self.reads.throughput(a, span) for a in allowed}
-        cur = self.reads.throughput(self.arm, span)
-        # A probe is worth it only if the arm could beat the best arm known here (not merely
-        # the current one, which may itself be about to lose).
-        known = [t for t in est.values() if t.known]
-        top = max([cur, *known], key=lambda t: t.tps if t.known else -1.0)
-        largest = max((a[1] for a in allowed if a[0] == "spec"), default=0)
-        candidates = [
-            arm
-            for arm in allowed
-            if arm != self.arm
-            and self.state.probes.allowed(scope, arm)
-            # Tau is unknown here for every block alike; a probe at the largest block measures
-            # it for all of them (smaller blocks are credited from its cycles).
-            and not (
-                arm[0] == "spec"
-                and arm[1] != largest
-                and self.reads.measured_tau(span, arm[1]) is None
-            )
-            and not (
-                arm[0] == "spec"
-                and self.explore.skip_hopeless
-                and not decide.could_win(self.reads.spec_bound(arm[1], span), top, rule)
-            )
-        ]
-        picked = decide.pick_probe(candidates, est, cur, rule, self.explore.explore_p)
-        if picked is None:
-            return
-        arm, why = picked
-        length = self.explore.probe_ar_steps if arm == AR else self.explore.probe_spec_cycles
-        length = min(length, self.budget)
-        self.trial = Trial("probe", span, arm, self.arm, length)
-        self.probes += 1
-        self._set(arm, "probe", f"{span}: probe {arm_name(arm)} for {length} steps ({why})", span)
-
-    def _end_probe(self, probe: Trial, span: str) -> None:
-        self._flush_ticks()
-        scope = (self.model_id, self.label, span)
-        rule = self.policy.rule(self.label, span)
-        est = {probe.arm: self.reads.throughput(probe.arm, span)}
-        est[probe.base] = self.reads.throughput(probe.base, span)
-        won = decide.beats(est[probe.arm], est[probe.base], rule)
-        self.owner.count(
-            "probes",
-            model=self.model_id,
-            outcome="won" if won else "lost",
-            arm=arm_name(probe.arm),
-            span=span,
-            **{"class": self.label},
-        )
-        vs = f"{decide.fmt(probe.arm, est)} vs {decide.fmt(probe.base, est)}"
-        if won:
-            self.state.probes.won(scope, probe.arm)
-            self._set(probe.arm, "probe-won", f"{span}: probe won, {vs}", span)
-            return
-        wait = self.state.probes.lost(scope, probe.arm)
-        p = decide.p_better(est[probe.arm], est[probe.base])
-        reason = f"{span}: probe lost, {vs} (p={p:.2f}); next probe in {wait} steps"
-        # Back to the base, unless what is known now says another arm beats it outright.
-        arm, why, _ = self._choose(rule, span, probe.base)
-        if arm != probe.base:
-            reason = f"{reason}; {why}"
-        self._set(arm, "probe-lost", reason, span)
-
-    def _opening_candidate(self, rule: SpanRule, span: str, arm: Arm) -> Arm | None:
-        """The spec arm to open `span` with, where the class chose AR and an opening is on and
-        judgeable (AR and the cycle time measured; no grammar-forced runs, which one drafted
-        cycle cannot judge). The backoff is asked apart (`_allowed_opening`): a read must not
-        consume its chances."""
-        if not self.explore.opening_probe or arm != AR or rule.mode != "adaptive":
-            return None
-        self.reads.fresh()
-        spec = [a for a in decide.arms(rule, self.max_block) if a[0] == "spec"]
-        if not spec:
-            return None
-        largest = max(spec, key=lambda a: a[1])
-        if not self.reads.throughput(AR, span).known or self.reads.has_forced_runs(span):
-            return None
-        if self.reads.cycle_seconds(largest[1]) is None:
-            return None
-        return largest
-
-    def _allowed_opening(self, span: str, candidate: Arm | None) -> Arm | None:
-        """`candidate` where the opening backoff allows it (asking is one chance)."""
-        if candidate is None or not self.state.openings.ask((self.model_id, self.label, span)):
-            return None
-        return candidate
-
-    def _open(self, arm: Arm, reason: str, span: str) -> ModeDecision:
-        """Start an opening trial of `span`: one `arm` cycle, judged at the next step."""
-        self.trial = Trial("opening", span, arm, AR, 1)
-        self.openings += 1
-        reason = f"{reason}; opening probe: one {arm_name(arm)} cycle reads this request"
-        return self._set(arm, "opening", reason, span)
-
-    def _end_opening(self, span: str) -> ModeDecision:
-        """Stay speculative when the opening cycle beat AR, else back to AR (the class's choice);
-        no verdict (nor backoff) when it met a forced run: the class's estimates choose."""
-        scope = (self.model_id, self.label, span)
-        rule = self.policy.rule(self.label, span)
-        own = self._request_verdict(rule, span, self.evidence.tau(span, min_cycles=1))
-        if own is None:
-            arm, why, _ = self._choose(rule, span, None)
-            return self._set(arm, "opening-void", f"{why} (opening probe not judgeable)", span)
-        won = own[0] == "spec"
-        self.owner.count(
-            "openings",
-            model=self.model_id,
-            outcome="won" if won else "lost",
-            span=span,
-            **{"class": self.label},
-        )
-        if won:
-            self.state.openings.won(scope)
-            self._selected = span
-            self._read_ar.discard(span)
-            return self._set(self.arm, "opening-won", own[1], span)
-        wait = self.state.openings.lost(scope)
-        self._read_ar.add(span)
-        return self._set(AR, "opening-lost", f"{own[1]}; the next {wait} openings skipped", span)
-
-    def _end_retry(self, span: str) -> ModeDecision:
-        """This request's tokens per cycle over the window, the retry included, against AR. Won:
-        spec again, and the class estimates rule the span once more; lost: AR, retried twice as
-        late."""
-        rule = self.policy.rule(self.label, span)
-        own = self._request_verdict(rule, span, self.evidence.tau(span, min_cycles=1))
-        if own is not None and own[0] == "spec":
-            self._own_ar.discard(span)
-            self.retries.won(span)
-            self._selected = span
-            return self._set(self.arm, "retry-won", own[1], span)
-        self.retries.lost(span)
-        why = own[1] if own is not None else f"{span}: retry not judgeable"
-        return self._set(AR, "retry-lost", why, span)
-
-    def _request_verdict(
-        self, rule: SpanRule, span: str, tau: float | None
-    ) -> tuple[str, str] | None:
-        """(verdict, reason) from this request's own tokens per cycle at the current block, or
-        None when there is not enough of it (or AR is not an option here)."""
-        if tau is None or rule.mode != "adaptive" or self.arm[0] != "spec":
-            return None
-        cycle_s = self.reads.cycle_seconds(self.arm[1])
-        ar = self.reads.throughput(AR, span)
-        if cycle_s is None or not ar.known:
-            return None
-        verdict = decide.local_verdict(tau, cycle_s, ar.tps, rule.switch_margin)
-        why = (
-            f"{span}: this request's {arm_name(self.arm)} {tau / cycle_s:.0f} tok/s "
-            f"(tau {tau:.2f}, {self.evidence.cycles(span)} cycles) vs ar {ar.tps:.0f} tok/s"
-        )
-        return verdict, why
-
-    def _overruled(self, arm: Arm, span: str) -> bool:
-        """Whether the class's choice of `arm` yields to this request's own evidence: a spec arm
-        in a span where the request's acceptance already chose AR (`_own_ar` only holds
-        adaptive spans, so AR is an option there)."""
-        return arm[0] == "spec" and span in self._own_ar
-
     # -- reads, decisions, records ----------------------------------------------------------------
-    def _choose(
+    def choose(
         self, rule: SpanRule, span: str, current: Arm | None, fresh_block: bool = False
     ) -> Choice:
         """`decide.choose` over this step's reads of the rule's arms."""
@@ -598,20 +414,20 @@ class PolicyController:
             fresh_block=fresh_block,
         )
 
-    def _best_block(self, span: str) -> int:
+    def best_block(self, span: str) -> int:
         rule = self.policy.rule(self.label, span)
         allowed = decide.arms(rule, self.max_block)
         spec = {a: self.reads.throughput(a, span) for a in allowed if a[0] == "spec"}
         return decide.best_block(rule, allowed, spec)
 
-    def _set(self, arm: Arm, kind: str, reason: str, span: str) -> ModeDecision:
+    def _set(self, arm: Arm, reason: str, kind: str, span: str) -> ModeDecision:
         changed = arm != self.arm
         if changed and kind not in _NOT_SWITCHES:
             self.switches += 1
         if changed or kind in _RECORDED_KINDS:
             self.dwell = 0
             self._reset_rechecks()
-            block = arm[1] if arm[0] == "spec" else self._best_block(span)
+            block = arm[1] if arm[0] == "spec" else self.best_block(span)
             spec, tau = self.reads.estimate(("spec", block), span)
             surplus = Surplus(spec, self.reads.throughput(AR, span), tau, block)
             spec_block = arm[1] if arm[0] == "spec" else None
@@ -672,9 +488,3 @@ class PolicyController:
         """A decision or a new span: recheck at the base interval again."""
         self._interval = self.dec.recheck_every
         self._next_check = self.steps + self._interval
-
-    def _flush_ticks(self) -> None:
-        """Add the steps counted since the last flush to the process-wide probe backoff's clock
-        (kept per request between decisions so the per-step path stays small)."""
-        for span, n in self.reads.take_ticks().items():
-            self.state.probes.tick((self.model_id, self.label, span), n)

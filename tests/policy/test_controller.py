@@ -244,14 +244,14 @@ def test_rechecks_back_off_while_the_choice_is_clear_and_still_catch_a_change(
     )
     ctrl = pol.controller_for("m", TOOLS, False)
     calls = 0
-    choose = PolicyController._choose
+    choose = PolicyController.choose
 
     def counting(self: PolicyController, *args: object) -> object:
         nonlocal calls
         calls += 1
         return choose(self, *args)  # type: ignore[arg-type]
 
-    ctrl._choose = counting.__get__(ctrl)  # type: ignore[method-assign]
+    ctrl.choose = counting.__get__(ctrl)  # type: ignore[method-assign]
     pol.model("m").estimates.observe_ar("m", 0.004, 300)
     decision = ctrl.start(300, 8)
     assert decision.mode == "spec"
@@ -313,13 +313,13 @@ def test_span_entry_picks_the_spans_block_without_waiting_for_confidence(
     ctrl.reads.throughput = lambda arm, span: table[arm]  # type: ignore[method-assign]
     ctrl.arm = ("spec", 8)
     rule = ctrl.policy.rule(ctrl.label, "tool_call")
-    kept, _, _ = ctrl._choose(rule, "tool_call", ("spec", 8))
-    fresh, reason, kind = ctrl._choose(rule, "tool_call", ("spec", 8), fresh_block=True)
+    kept, _, _ = ctrl.choose(rule, "tool_call", ("spec", 8))
+    fresh, reason, kind = ctrl.choose(rule, "tool_call", ("spec", 8), fresh_block=True)
     assert kept == ("spec", 8)
     assert fresh == ("spec", 16) and kind == "span" and "block size for this span" in reason
     # Spec vs AR keeps its hysteresis: AR faster with confidence still wins at span entry.
     table[("ar", 1)] = Throughput(5000.0, 10.0, 20.0)
-    assert ctrl._choose(rule, "tool_call", ("spec", 8), fresh_block=True)[0] == ("ar", 1)
+    assert ctrl.choose(rule, "tool_call", ("spec", 8), fresh_block=True)[0] == ("ar", 1)
 
 
 def test_cycles_the_draft_length_shrank_count_for_the_arms_tau(tmp_path: Path) -> None:
@@ -355,7 +355,7 @@ def test_a_smaller_block_must_beat_the_largest_with_confidence(tmp_path: Path) -
     }
     ctrl.reads.throughput = lambda arm, span: table[arm]  # type: ignore[method-assign]
     rule = ctrl.policy.rule(ctrl.label, "reasoning")
-    assert ctrl._choose(rule, "reasoning", None)[0] == ("spec", 16)
+    assert ctrl.choose(rule, "reasoning", None)[0] == ("spec", 16)
     table[("spec", 8)] = Throughput(800.0, 20.0, 70.0)  # now clearly faster
     table[("spec", 16)] = Throughput(600.0, 20.0, 12.0)
-    assert ctrl._choose(rule, "reasoning", None)[0] == ("spec", 8)
+    assert ctrl.choose(rule, "reasoning", None)[0] == ("spec", 8)
