@@ -8,6 +8,10 @@ one policy (the estimates learn as the requests go, as in a server) and sums the
 of the `after_step` calls; the table gives the median over repetitions per step.
 
     nice -n -15 python benchmarks/policy_step.py [--record] [--reps 30] [--out FILE]
+    nice -n -15 python benchmarks/policy_step.py --against 030c774   # interleaved A/B
+
+`--against REV` times the policy package as of git revision REV (extracted beside, imported
+under another name) against the working tree's, one repetition of each in turn.
 """
 
 from __future__ import annotations
@@ -15,8 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import platform
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -111,9 +119,10 @@ def _fields(rec: CycleRecord) -> tuple[Any, ...]:
     )
 
 
-def replay(requests: list[dict[str, Any]], tmp: Path) -> tuple[float, int]:
-    """(CPU seconds in after_step, steps) for one pass of all requests through a fresh policy."""
-    pol = _policy(tmp)
+def replay(requests: list[dict[str, Any]], tmp: Path, make: Any = None) -> tuple[float, int]:
+    """(CPU seconds in after_step, steps) for one pass of all requests through a fresh policy
+    (`make(tmp)`, by default the working tree's)."""
+    pol = (make or _policy)(tmp)
     cpu, n = 0.0, 0
     for req in requests:
         steps = [(CycleRecord(*f), t) for f, t in req["steps"]]
@@ -130,30 +139,74 @@ def replay(requests: list[dict[str, Any]], tmp: Path) -> tuple[float, int]:
     return cpu, n
 
 
+def policy_at(rev: str, into: Path) -> Any:
+    """A `_policy`-like factory for the policy package as of git revision `rev`."""
+    root = Path(__file__).resolve().parents[1]
+    name = f"policy_{rev}"
+    tar = subprocess.run(
+        ["git", "archive", rev, "policy"], cwd=root, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
+    (into / "policy").rename(into / name)
+    sys.path.insert(0, str(into))
+    config = __import__(f"{name}.config", fromlist=["PolicyConfig"])
+    controller = __import__(f"{name}.controller", fromlist=["AdaptivePolicy"])
+
+    def make(tmp: Path) -> Any:
+        cfg = tmp / "cycle-timing.yaml"
+        cfg.write_text("estimates: {timing: cycle}\n")
+        return controller.AdaptivePolicy(
+            config.PolicyConfig([cfg]), clock=lambda: 1_000_000.0, persist=False
+        )
+
+    return make
+
+
+def _figures(per_step: list[float], requests: list[dict[str, Any]], reps: int) -> dict[str, Any]:
+    return {
+        "requests": len(requests),
+        "steps": sum(len(r["steps"]) for r in requests),
+        "reps": reps,
+        "us_per_step_median": round(statistics.median(per_step), 3),
+        "us_per_step_min": round(min(per_step), 3),
+        "us_per_step_p90": round(statistics.quantiles(per_step, n=10)[-1], 3),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--record", action="store_true", help="re-record the steps first")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
+    ap.add_argument("--against", default=None, help="also time the policy at this git revision")
     args = ap.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     if args.record or not DATA.exists():
         DATA.parent.mkdir(parents=True, exist_ok=True)
         DATA.write_text(json.dumps(record()))
     requests = json.loads(DATA.read_text())
-    per_step = []
     with tempfile.TemporaryDirectory() as tmp:
-        replay(requests, Path(tmp))  # warm-up
-        for _ in range(args.reps):
-            cpu, n = replay(requests, Path(tmp))
-            per_step.append(cpu / n * 1e6)
+        variants: dict[str, Any] = {"working tree": None}
+        if args.against:
+            variants = {args.against: policy_at(args.against, Path(tmp)), **variants}
+        per_step: dict[str, list[float]] = {name: [] for name in variants}
+        for rep in range(args.reps + 1):  # the first is a warm-up
+            for name, make in variants.items():
+                cpu, n = replay(requests, Path(tmp), make)
+                if rep:
+                    per_step[name].append(cpu / n * 1e6)
+    result: dict[str, Any] = {
+        name: _figures(v, requests, args.reps) for name, v in per_step.items()
+    }
+    if not args.against:
+        result = result["working tree"]
     result = {
-        "requests": len(requests),
-        "steps": sum(len(r["steps"]) for r in requests),
-        "reps": args.reps,
-        "us_per_step_median": round(statistics.median(per_step), 3),
-        "us_per_step_min": round(min(per_step), 3),
-        "us_per_step_p90": round(statistics.quantiles(per_step, n=10)[-1], 3),
+        "benchmark": "benchmarks/policy_step.py",
+        "command": " ".join(["python", *sys.argv]),
+        "machine": f"{platform.machine()} {platform.processor() or ''} cores={os.cpu_count()}",
+        "python": platform.python_version(),
+        "timing": "thread CPU time of after_step",
+        **result,
     }
     print(json.dumps(result))
     if args.out:
