@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from .estimates import Estimates
+from .estimates import POOL, Estimates
 
 log = structlog.get_logger(__name__)
 
@@ -204,14 +204,21 @@ def seed(target: Estimates, measured: Estimates, timing_weight: float, tau_weigh
     """Merge calibration's estimates into `target`, replacing the same keys; returns how many.
 
     Calibration samples are real samples of this machine, measured by the rule online
-    learning uses, but each estimate keeps at most a few effective samples (mean and spread
-    unchanged). Timings are the machine's and the calibration measures them well:
-    `timing_weight`. Tokens per cycle and forced-run shares are the workload's, and the
-    built-in prompts only a guess at it: `tau_weight`, below the policy's `min_samples`, so
-    a class the guess put in AR still gets spec probes on its own traffic, and a wrong guess
-    is outweighed within a few of its own cycles. Estimates of keys calibration did not
-    measure (other classes) are kept."""
+    learning uses, each estimate keeping at most a few effective samples (mean and spread
+    unchanged). Timings are the machine's, and calibration measures them well: own samples,
+    at most `timing_weight`. Tokens per cycle are the workload's, and the built-in prompts
+    only a guess at it: a class's tau goes in as that class's prior (`Estimates.prior_tau`,
+    read like the pooled priors: at most `PRIOR_SAMPLES` samples and 0 own ones, so the
+    class's first requests decide on it, its own traffic is still probed, and its first own
+    cycles replace it). Seeded as own samples, a low guess made spec look hopeless where the
+    class's traffic paid (forced tool calls of the agent workload: calibrated 0.77x of the
+    better fixed mode against 0.95x without calibration), since probes skip an arm whose
+    measured tau cannot win. Forced-run shares stay own samples, at most `tau_weight`.
+    Estimates of keys calibration did not measure (other classes) are kept."""
     doc = measured.to_json()
+    tau = doc.pop("tau", [])
+    doc["tau"] = [row for row in tau if row[1] == POOL]  # the pools are priors already
+    doc["prior_tau"] = [row for row in tau if row[1] != POOL]
     for name, rows in doc.items():
         cap = timing_weight if name in _TIMING_TABLES else tau_weight
         for row in rows:

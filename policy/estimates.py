@@ -11,8 +11,8 @@ committed (`min(a, b - 1) + 1`), so smaller block sizes learn tau from the same 
 Tau never falls with the block size: a larger block's tau is floored by a smaller block's
 measured in the same scope (`_tau_mean`). Tau is also pooled per span kind over all classes
 (label `*`) and over everything (span `*`): a class or span seen for the first time starts
-from the pool as a prior (worth at most
-`PRIOR_SAMPLES` samples, and reported with 0 own samples, so it is still probed).
+from a prior (worth at most `PRIOR_SAMPLES` samples, and reported with 0 own samples, so it is
+still probed): the class's calibrated tau (`prior_tau`, from `toolflash calibrate`), else the pool.
 
 Grammar-forced runs (a constraint fixed the next tokens and the stretch was fed to the target in
 one forward, without the drafter: `CycleRecord.forced`) are learned apart, per (model, class,
@@ -206,6 +206,10 @@ class Estimates:
         self.smallest_bucket = smallest_bucket
         self.clock = clock
         self.tau: dict[TauKey, Stat] = {}
+        # Tau per class measured on calibration's built-in prompts (`policy/calibration.py`):
+        # a prior like the pooled ones (read before them), never an own measurement, since
+        # those prompts only guess at this class's traffic.
+        self.prior_tau: dict[TauKey, Stat] = {}
         self.cycle_s: dict[CycleKey, Stat] = {}
         self.ar_s: dict[ArKey, Stat] = {}
         # Forced runs per scope: committed tokens of every spec cycle and of the forced ones only
@@ -356,8 +360,10 @@ class Estimates:
         if tau is None or own <= 0:
             if self._pooled:
                 self.flush_pooled()
-            tau = self.tau.get((model, POOL, span, block_size)) or self.tau.get(
-                (model, POOL, POOL, block_size)
+            tau = (
+                self.prior_tau.get((model, label, span, block_size))
+                or self.tau.get((model, POOL, span, block_size))
+                or self.tau.get((model, POOL, POOL, block_size))
             )
             if tau is None:
                 return UNKNOWN, 0.0
@@ -536,6 +542,7 @@ class Estimates:
 # Persisted tables and the types of their key fields.
 _TABLES: dict[str, tuple[type, ...]] = {
     "tau": (str, str, str, int),
+    "prior_tau": (str, str, str, int),
     "cycle_s": (str, int, int),
     "ar_s": (str, int),
     "spec_tokens": (str, str, str),

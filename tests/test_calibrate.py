@@ -72,7 +72,9 @@ def test_calibration_seeds_what_the_policy_reads(engine: Any, tmp_path: Path) ->
         span = "json" if kind == "json" else "text"
         ctx = len(p.request.prompt_tokens)
         surplus = est.surplus(model, rc.label, span, block, ctx)
-        assert surplus.spec.known and surplus.ar.known and surplus.samples > 0
+        # AR and cycle timings are own samples; the class's tau a prior (0 own samples).
+        assert surplus.spec.known and surplus.ar.known and surplus.ar.samples > 0
+        assert (model, rc.label, span, block) in est.prior_tau
         assert any(r.get("class") == rc.label and r["span"] == span for r in record.rows)
 
         rule = policy.model(model).policy.rule(rc.label, span)
@@ -91,7 +93,7 @@ def test_calibration_seeds_what_the_policy_reads(engine: Any, tmp_path: Path) ->
     rc = kinds["json"].request_class
     ctx = len(kinds["json"].request.prompt_tokens)
     restarted = again.model(model).estimates.surplus(model, rc.label, "json", block, ctx)
-    assert restarted.spec.known and restarted.samples > 0
+    assert restarted.spec.known and restarted.ar.samples > 0
     record2, measured2 = ensure_calibrated(engine, again, plan, progress=False)
     assert not measured2 and record2 == record
 

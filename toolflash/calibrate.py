@@ -64,8 +64,8 @@ class CalibrationPlan:
     timing_cycles: int = 12  # spec cycles per block size per context (tokens: cycles x block)
     timing_steps: int = 32  # AR steps per context
     # Effective samples each seeded estimate keeps (`policy.calibration.seed`): timings are
-    # this machine's; tokens per cycle only a guess at the workload's, kept below the
-    # policy's default `min_samples` (3) so its own traffic is probed and soon outweighs it.
+    # this machine's (own samples); tokens per cycle only a guess at the workload's (a prior
+    # per class, like the pooled ones) and forced-run shares likewise (own, lightly).
     timing_weight: float = 8.0
     tau_weight: float = 2.0
 

@@ -96,7 +96,15 @@ def test_seed_caps_the_weights_keeps_the_means_and_other_keys() -> None:
     assert abs(ar.mean - measured.ar_s[("m", 512)].mean) < 1e-12
     assert target.ar_s[("m", 8192)].mean == 0.050
     assert target.cycle_s[("m", 16, 512)].weight == 8.0
-    tau = target.tau[("m", "json.x", "json", 8)]
+    # The class's tau is a prior (0 own samples: still probed; own cycles replace it), and
+    # the pools priors as ever.
+    assert ("m", "json.x", "json", 8) not in target.tau
+    tau = target.prior_tau[("m", "json.x", "json", 8)]
     assert tau.weight == 2.0 and tau.mean == 8.0
+    assert target.tau[("m", "*", "json", 16)].mean == 8.0
     s = target.surplus("m", "json.x", "json", 16, 300)
-    assert s.spec.known and s.ar.known and s.samples == 2.0 and s.value > 0
+    assert s.spec.known and s.ar.known and s.value > 0 and s.tau == 8.0
+    assert s.ar.samples == 8.0 and s.spec.samples == 0.0
+    assert target.measured_tau("m", "json.x", "json", 16) is None
+    target.observe_spec("m", "json.x", "json", 16, 1, 0.010, 300)
+    assert target.surplus("m", "json.x", "json", 16, 300).tau == 2.0
