@@ -72,7 +72,7 @@ class DraftContext:
     def absorb(self) -> list[tuple[mx.array, mx.array]]:
         """Fuse and project pending features into the per-layer K/V; returns the K/V. Rows the
         window would drop right away are never projected."""
-        for start, feats in self._pending:
+        for start, feats in _contiguous(self._pending):
             n = int(feats.shape[1])
             base = self._rows
             total = base + n
@@ -146,3 +146,18 @@ def _append(existing: mx.array | None, parts: list[mx.array]) -> mx.array | None
     if not parts:
         return existing
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=2)
+
+
+def _contiguous(pending: list[tuple[int, mx.array]]) -> list[tuple[int, mx.array]]:
+    """Pending features joined where their positions follow on: an AR stretch queues one row
+    per step, and projecting each row on its own costs a graph per step when speculation
+    resumes (or the state is exported); joined, the stretch is one projection."""
+    runs: list[tuple[int, list[mx.array], int]] = []
+    for start, feats in pending:
+        n = int(feats.shape[1])
+        if runs and runs[-1][0] + runs[-1][2] == start:
+            first, parts, rows = runs[-1]
+            runs[-1] = (first, [*parts, feats], rows + n)
+        else:
+            runs.append((start, [feats], n))
+    return [(s, p[0] if len(p) == 1 else mx.concatenate(p, axis=1)) for s, p, _ in runs]
