@@ -64,14 +64,22 @@ def test_non_streaming_disconnect_cancels() -> None:
 
 def test_queue_full_gives_429_with_retry_after_and_fifo() -> None:
     engine = FakeEngine(cycle_delay_s=0.01)
+    # The order the engine took the requests in (the clients' threads may be scheduled in
+    # either order once both responses are out).
+    order: list[str] = []
+    generate = engine.generate
+
+    def record(request, *args):  # type: ignore[no-untyped-def]
+        order.append("a" if request.max_tokens == 300 else "b")
+        return generate(request, *args)
+
+    engine.generate = record  # type: ignore[method-assign]
     with serve(engine, GatewayConfig(max_queue=1)) as s:
         results: dict[str, int] = {}
-        order: list[str] = []
 
         def call(name: str, body: dict) -> None:
             r = httpx.post(f"{s.v1}/chat/completions", json=body, timeout=20)
             results[name] = r.status_code
-            order.append(name)
 
         short = {"model": "fake-model", "messages": [{"role": "user", "content": "SCRIPT:ok"}]}
         a = threading.Thread(target=call, args=("a", {**LONG, "max_tokens": 300}))
