@@ -146,7 +146,7 @@ class Runner:
             prompt_tokens=case.ids,
             max_tokens=self.max_tokens,
             mode=mode,
-            draft_length=draft_length,  # type: ignore[arg-type]
+            draft_length=draft_length,
             ignore_eos=stop == "length",
         )
         controller = None

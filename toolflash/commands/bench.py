@@ -130,7 +130,7 @@ def _run_baseline(args: argparse.Namespace, engine: Any, prompts: list[Any]) -> 
         prompts,
         max_tokens=args.max_tokens or 128,
         repeats=args.repeats or 3,
-        stops=stops,  # type: ignore[arg-type]
+        stops=stops,
         variants=variants,
         seed=args.seed,
     )
