@@ -109,7 +109,6 @@ def _run_baseline(args: argparse.Namespace, engine: Any, prompts: list[Any]) -> 
         plot_comparison,
         run_comparison,
     )
-
     from toolflash.gateway.logs import configure_logging
 
     # The policy logs every decision at info: the progress bar is the run's only output.
