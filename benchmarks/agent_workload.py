@@ -29,7 +29,6 @@ on the whole workload.
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import os
@@ -673,14 +672,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # policy learns from the workload's first pass only, so the repeats measure it
             # without changing the mix of requests it learns from (three times as many short
             # tool results would pull their class's estimates toward spec for all of them).
-            learned = copy.deepcopy(policy._models) if pass_ > 0 else None
+            learned = policy.learned() if pass_ > 0 else None
             for s in order:
                 # Every run starts from the same allocator state, whatever ran before it.
                 gc.collect()
                 mx.clear_cache()
                 results[s] = generate(engine, item, s, args.max_tokens, policy)
             if learned is not None:
-                policy._models = learned
+                policy.restore(learned)
             if len({tuple(r.tokens) for r in results.values()}) != 1:
                 mismatches += 1
             for s, r in results.items():

@@ -25,6 +25,7 @@ which the engine calls after the response's last event.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections import Counter
@@ -139,6 +140,15 @@ class AdaptivePolicy:
             json_output=response_format_json,
             start_in_reasoning=start_in_reasoning,
         )
+
+    def learned(self) -> dict[str, ModelState]:
+        """A copy of what the policy has learned (estimates and backoffs, per model), for
+        `restore`: a benchmark runs requests on it and drops what they taught."""
+        return copy.deepcopy(self._models)
+
+    def restore(self, learned: dict[str, ModelState]) -> None:
+        """Go back to what `learned` (from `learned()`) held."""
+        self._models = learned
 
     def count(self, name: str, value: int = 1, **labels: str) -> None:
         key = (name, tuple(sorted(labels.items())))

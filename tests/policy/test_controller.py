@@ -359,3 +359,20 @@ def test_a_smaller_block_must_beat_the_largest_with_confidence(tmp_path: Path) -
     table[("spec", 8)] = Throughput(800.0, 20.0, 70.0)  # now clearly faster
     table[("spec", 16)] = Throughput(600.0, 20.0, 12.0)
     assert ctrl.choose(rule, "reasoning", None)[0] == ("spec", 8)
+
+
+def test_what_requests_taught_can_be_dropped(tmp_path: Path) -> None:
+    """`learned()` copies the estimates and backoffs; `restore` drops what came after (the agent
+    workload benchmark's repeat passes run so)."""
+    pol = policy(tmp_path)
+    drive(pol.controller_for("m", TOOLS, False), World(**WORLD), SCRIPT)  # type: ignore[arg-type]
+    before = pol.learned()
+
+    def taus() -> dict[object, list[float]]:
+        return {k: v.to_list() for k, v in pol.model("m").estimates.tau.items()}
+
+    first = taus()
+    drive(pol.controller_for("m", TOOLS, False), World(**WORLD), SCRIPT)  # type: ignore[arg-type]
+    assert taus() != first
+    pol.restore(before)
+    assert taus() == first
