@@ -5,7 +5,7 @@
 - `estimates`: decayed spec/AR throughput estimates and the speculative surplus, with confidence.
 - `decide`: the decisions as pure functions of a span's rule and its estimates (choose an arm,
   the settled block, whether a probe could win, the verdicts).
-- `trial`: probes, openings and retries as one `Trial` with one `Backoff`, and `RequestTrials`,
+- `trial`: probes, openings and retries as one `Trial` with one `Backoff`; `request_trials`:
   a request's trials and what its own acceptance decided (`request_evidence`: its tally).
 - `reads`: a request's estimate reads (once per step, or made ahead beside the prefill) and its
   measurements queued for the estimates.

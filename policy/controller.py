@@ -16,7 +16,7 @@ the span tracker over the committed text, and decides the next mode and block si
   cycles moved a span to AR (`request_evidence_cycles`, off by default), retry cycles.
 The decisions themselves are pure functions (`decide.py`); the estimate reads and queued
 measurements are `StepReads` (`reads.py`); a request's trials, and what its own acceptance
-decided, are `RequestTrials` (`trial.py`); this module tracks spans and dispatches each step.
+decided, are `RequestTrials` (`request_trials.py`); this module tracks spans and dispatches each step.
 The block decided here is the largest a cycle drafts: the engine's adaptive draft length
 (`engine/draft_length.py`) shortens it after rejected drafts inside a spec stretch. Every
 decision is a `DecisionRecord` (`record.py`): listed (`records`), logged and counted at `finish`,
@@ -45,9 +45,10 @@ from .estimates import Clock, Estimates, Surplus
 from .measure import step_seconds
 from .reads import StepReads
 from .record import DecisionRecord, DecisionRecords
+from .request_trials import RequestTrials
 from .spans import SPAN_KINDS, SpanTracker
 from .store import PolicyStore
-from .trial import Backoff, RequestTrials, opening_backoff, probe_backoff
+from .trial import Backoff, opening_backoff, probe_backoff
 
 log = structlog.get_logger(__name__)
 

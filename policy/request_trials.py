@@ -1,0 +1,304 @@
+"""One request's trials (`trial.py`): when each begins, how each is judged, what its verdict
+decides, and what this request's own acceptance decided per span kind.
+
+`RequestTrials` holds the trial in flight and returns each decision it makes (arm, reason,
+kind) for the controller to record and follow; it reads the estimates through the controller's
+`StepReads` and asks the controller (`TrialHost`) to choose among the class's arms where a
+verdict hands the span back to the class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from . import decide
+from .config import EffectivePolicy, SpanRule
+from .decide import AR, Arm, Choice, arm_name
+from .reads import StepReads
+from .request_evidence import RequestEvidence
+from .trial import Backoff, Trial, retry_backoff
+
+
+class TrialHost(Protocol):
+    """What a request's trials read of its controller."""
+
+    arm: Arm
+    steps: int
+    dwell: int
+    max_block: int
+    reads: StepReads
+
+    def choose(self, rule: SpanRule, span: str, current: Arm | None) -> Choice: ...
+
+    def best_block(self, span: str) -> int: ...
+
+
+class RequestTrials:
+    """One request's trials: the one in flight (`current`), and what this request's own
+    acceptance decided per span: spans it moved to AR (`own_ar`: the class estimates do not
+    switch them back, retries may), spans where its own cycles said AR (`read_ar`: no spec
+    probes there), and the span running spec because its own acceptance won (`selected`: its
+    cycles are no measure of the class, which would otherwise learn from the requests that won
+    alone). Each method returns the decision to make (arm, reason, kind) or None; the
+    controller makes it."""
+
+    def __init__(
+        self,
+        host: TrialHost,
+        policy: EffectivePolicy,
+        label: str,
+        scope: tuple[str, str],
+        probes: Backoff,
+        openings: Backoff,
+        count: Callable[..., None],
+    ) -> None:
+        self.host = host
+        self.policy = policy
+        self.explore = policy.exploration
+        self.min_dwell = policy.decisions.min_dwell
+        self.label = label
+        self.model_id = scope[0]
+        self.probes_backoff = probes
+        self.openings_backoff = openings
+        self.count = count
+        self.current: Trial | None = None
+        self.evidence = RequestEvidence(policy.decisions.request_evidence_cycles)
+        self.retries = retry_backoff(lambda: host.steps)
+        self.own_ar: set[str] = set()
+        self.read_ar: set[str] = set()
+        self.selected: str | None = None
+        self.budget = self.explore.budget_per_request
+        self.probes = self.probe_steps = self.openings = 0
+
+    def _scope(self, span: str) -> tuple[str, str, str]:
+        return (self.model_id, self.label, span)
+
+    def step(self, span: str, new_span: str) -> tuple[Choice | None, bool]:
+        """Count a step of the trial in flight; at its end, (its verdict, whether the verdict is
+        the step's decision): a probe's is made and the step decides on; an opening's or
+        retry's is the step's decision, unless the span changed (then it is dropped)."""
+        trial = self.current
+        assert trial is not None
+        trial.remaining -= 1
+        if trial.kind == "probe":
+            self.probe_steps += 1
+            self.budget -= 1
+        if trial.remaining > 0 and new_span == span:
+            return None, False
+        self.current = None
+        if trial.kind == "probe":
+            return self._end_probe(trial, span), False
+        if not new_span == span == trial.span:
+            return None, False
+        if trial.kind == "opening":
+            return self._end_opening(span), True
+        return self._end_retry(span), True
+
+    def flush_ticks(self) -> None:
+        """Add the steps counted since the last flush to the process-wide probe backoff's clock
+        (kept per request between decisions so the per-step path stays small)."""
+        for span, n in self.host.reads.take_ticks().items():
+            self.probes_backoff.tick(self._scope(span), n)
+
+    # -- probes -----------------------------------------------------------------------------
+    def probe(self, rule: SpanRule, span: str) -> Choice | None:
+        """A probe of the arm most worth one, where the estimates are uncertain and the
+        backoff and the request's budget allow."""
+        host = self.host
+        if host.dwell < self.min_dwell:
+            return None
+        reads = host.reads
+        reads.fresh()
+        self.flush_ticks()
+        scope = self._scope(span)
+        allowed = decide.arms(rule, host.max_block)
+        est = {a: reads.throughput(a, span) for a in allowed}
+        cur = reads.throughput(host.arm, span)
+        # A probe is worth it only if the arm could beat the best arm known here (not merely
+        # the current one, which may itself be about to lose).
+        known = [t for t in est.values() if t.known]
+        top = max([cur, *known], key=lambda t: t.tps if t.known else -1.0)
+        largest = max((a[1] for a in allowed if a[0] == "spec"), default=0)
+        candidates = [
+            arm
+            for arm in allowed
+            if arm != host.arm
+            and self.probes_backoff.allowed(scope, arm)
+            # Tau is unknown here for every block alike; a probe at the largest block measures
+            # it for all of them (smaller blocks are credited from its cycles).
+            and not (
+                arm[0] == "spec" and arm[1] != largest and reads.measured_tau(span, arm[1]) is None
+            )  # fmt: skip
+            and not (
+                arm[0] == "spec"
+                and self.explore.skip_hopeless
+                and not decide.could_win(reads.spec_bound(arm[1], span), top, rule)
+            )
+        ]
+        picked = decide.pick_probe(candidates, est, cur, rule, self.explore.explore_p)
+        if picked is None:
+            return None
+        arm, why = picked
+        length = self.explore.probe_ar_steps if arm == AR else self.explore.probe_spec_cycles
+        length = min(length, self.budget)
+        self.current = Trial("probe", span, arm, host.arm, length)
+        self.probes += 1
+        return arm, f"{span}: probe {arm_name(arm)} for {length} steps ({why})", "probe"
+
+    def _end_probe(self, probe: Trial, span: str) -> Choice:
+        self.flush_ticks()
+        scope = self._scope(span)
+        rule = self.policy.rule(self.label, span)
+        reads = self.host.reads
+        est = {probe.arm: reads.throughput(probe.arm, span)}
+        est[probe.base] = reads.throughput(probe.base, span)
+        won = decide.beats(est[probe.arm], est[probe.base], rule)
+        self.count(
+            "probes",
+            model=self.model_id,
+            outcome="won" if won else "lost",
+            arm=arm_name(probe.arm),
+            span=span,
+            **{"class": self.label},
+        )
+        vs = f"{decide.fmt(probe.arm, est)} vs {decide.fmt(probe.base, est)}"
+        if won:
+            self.probes_backoff.won(scope, probe.arm)
+            return probe.arm, f"{span}: probe won, {vs}", "probe-won"
+        wait = self.probes_backoff.lost(scope, probe.arm)
+        p = decide.p_better(est[probe.arm], est[probe.base])
+        reason = f"{span}: probe lost, {vs} (p={p:.2f}); next probe in {wait} steps"
+        # Back to the base, unless what is known now says another arm beats it outright.
+        arm, why, _ = self.host.choose(rule, span, probe.base)
+        if arm != probe.base:
+            reason = f"{reason}; {why}"
+        return arm, reason, "probe-lost"
+
+    # -- openings ---------------------------------------------------------------------------
+    def opening_candidate(self, rule: SpanRule, span: str, arm: Arm) -> Arm | None:
+        """The spec arm to open `span` with, where the class chose AR and an opening is on and
+        judgeable (AR and the cycle time measured; no grammar-forced runs, which one drafted
+        cycle cannot judge). The backoff is asked apart (`allowed_opening`): a read must not
+        consume its chances."""
+        if not self.explore.opening_probe or arm != AR or rule.mode != "adaptive":
+            return None
+        reads = self.host.reads
+        reads.fresh()
+        spec = [a for a in decide.arms(rule, self.host.max_block) if a[0] == "spec"]
+        if not spec:
+            return None
+        largest = max(spec, key=lambda a: a[1])
+        if not reads.throughput(AR, span).known or reads.has_forced_runs(span):
+            return None
+        if reads.cycle_seconds(largest[1]) is None:
+            return None
+        return largest
+
+    def allowed_opening(self, span: str, candidate: Arm | None) -> Arm | None:
+        """`candidate` where the opening backoff allows it (asking is one chance)."""
+        if candidate is None or not self.openings_backoff.ask(self._scope(span)):
+            return None
+        return candidate
+
+    def open(self, arm: Arm, reason: str, span: str) -> Choice:
+        """Start an opening trial of `span`: one `arm` cycle, judged at the next step."""
+        self.current = Trial("opening", span, arm, AR, 1)
+        self.openings += 1
+        return (
+            arm,
+            f"{reason}; opening probe: one {arm_name(arm)} cycle reads this request",
+            "opening",
+        )
+
+    def _end_opening(self, span: str) -> Choice:
+        """Stay speculative when the opening cycle beat AR, else back to AR (the class's choice);
+        no verdict (nor backoff) when it met a forced run: the class's estimates choose."""
+        rule = self.policy.rule(self.label, span)
+        own = self.verdict(rule, span, self.evidence.tau(span, min_cycles=1))
+        if own is None:
+            arm, why, _ = self.host.choose(rule, span, None)
+            return arm, f"{why} (opening probe not judgeable)", "opening-void"
+        won = own[0] == "spec"
+        self.count(
+            "openings",
+            model=self.model_id,
+            outcome="won" if won else "lost",
+            span=span,
+            **{"class": self.label},
+        )
+        if won:
+            self.openings_backoff.won(self._scope(span))
+            self.selected = span
+            self.read_ar.discard(span)
+            return self.host.arm, own[1], "opening-won"
+        wait = self.openings_backoff.lost(self._scope(span))
+        self.read_ar.add(span)
+        return AR, f"{own[1]}; the next {wait} openings skipped", "opening-lost"
+
+    # -- this request's own verdicts, retries ---------------------------------------------------
+    def verdict(self, rule: SpanRule, span: str, tau: float | None) -> tuple[str, str] | None:
+        """(verdict, reason) from this request's own tokens per cycle at the current block, or
+        None when there is not enough of it (or AR is not an option here)."""
+        arm = self.host.arm
+        if tau is None or rule.mode != "adaptive" or arm[0] != "spec":
+            return None
+        reads = self.host.reads
+        cycle_s = reads.cycle_seconds(arm[1])
+        ar = reads.throughput(AR, span)
+        if cycle_s is None or not ar.known:
+            return None
+        verdict = decide.local_verdict(tau, cycle_s, ar.tps, rule.switch_margin)
+        why = (
+            f"{span}: this request's {arm_name(arm)} {tau / cycle_s:.0f} tok/s "
+            f"(tau {tau:.2f}, {self.evidence.cycles(span)} cycles) vs ar {ar.tps:.0f} tok/s"
+        )
+        return verdict, why
+
+    def recheck(self, rule: SpanRule, span: str) -> Choice | bool:
+        """At a recheck, this request's own verdict: a decision for AR (`request`), True when it
+        keeps the arm (its own cycles say spec, or the span runs on them), else False (the
+        class's estimates decide)."""
+        # A span that runs spec on this request's own acceptance stays on it: the class (which
+        # chose AR here) does not rule it, its recent cycles do.
+        selected = span == self.selected
+        own = self.verdict(rule, span, self.evidence.tau(span, min_cycles=1 if selected else None))
+        if own is None:
+            return False
+        verdict, why = own
+        if verdict == "ar":
+            self.selected = None
+            self.read_ar.add(span)
+            self.own_ar.add(span)
+            self.retries.lost(span)
+            return AR, why, "request"
+        return verdict == "spec" or selected
+
+    def overruled(self, arm: Arm, span: str) -> bool:
+        """Whether the class's choice of `arm` yields to this request's own evidence: a spec arm
+        in a span where the request's acceptance already chose AR (`own_ar` only holds adaptive
+        spans, so AR is an option there)."""
+        return arm[0] == "spec" and span in self.own_ar
+
+    def retry(self, span: str) -> Choice | None:
+        """One spec cycle in a span this request moved to AR, once its wait is over."""
+        if not (self.host.arm == AR and span in self.own_ar and self.retries.allowed(span)):
+            return None
+        block = self.host.best_block(span)
+        self.current = Trial("retry", span, ("spec", block), AR, 1)
+        why = f"{span}: one spec{block} cycle after {self.retries.waited(span)} ar steps"
+        return ("spec", block), why, "retry"
+
+    def _end_retry(self, span: str) -> Choice:
+        """This request's tokens per cycle over the window, the retry included, against AR. Won:
+        spec again, and the class estimates rule the span once more; lost: AR, retried twice as
+        late."""
+        rule = self.policy.rule(self.label, span)
+        own = self.verdict(rule, span, self.evidence.tau(span, min_cycles=1))
+        if own is not None and own[0] == "spec":
+            self.own_ar.discard(span)
+            self.retries.won(span)
+            self.selected = span
+            return self.host.arm, own[1], "retry-won"
+        self.retries.lost(span)
+        return AR, own[1] if own is not None else f"{span}: retry not judgeable", "retry-lost"
