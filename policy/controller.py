@@ -211,13 +211,7 @@ class PolicyController:
         # Rechecks back off while they change nothing (`_recheck_done`, `_reset_rechecks`).
         self._interval = self._next_check = self.dec.recheck_every
         self.trials = RequestTrials(
-            self,
-            self.policy,
-            self.label,
-            (model_id, self.label),
-            state.probes,
-            state.openings,
-            owner.count,
+            self, self.policy, model_id, self.label, state.probes, state.openings, owner.count
         )
         self.decided = DecisionRecords(self.dec.max_recorded, self._publish)
         self._made: ModeDecision | None = None

@@ -47,8 +47,8 @@ class RequestTrials:
         self,
         host: TrialHost,
         policy: EffectivePolicy,
+        model_id: str,
         label: str,
-        scope: tuple[str, str],
         probes: Backoff,
         openings: Backoff,
         count: Callable[..., None],
@@ -56,9 +56,8 @@ class RequestTrials:
         self.host = host
         self.policy = policy
         self.explore = policy.exploration
-        self.min_dwell = policy.decisions.min_dwell
+        self.model_id = model_id
         self.label = label
-        self.model_id = scope[0]
         self.probes_backoff = probes
         self.openings_backoff = openings
         self.count = count
@@ -106,7 +105,7 @@ class RequestTrials:
         """A probe of the arm most worth one, where the estimates are uncertain and the
         backoff and the request's budget allow."""
         host = self.host
-        if host.dwell < self.min_dwell:
+        if host.dwell < self.policy.decisions.min_dwell:
             return None
         reads = host.reads
         reads.fresh()
