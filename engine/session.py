@@ -247,7 +247,9 @@ class GenerationSession:
         )
         choice = self.chooser.choice_ahead(res.logits[0, -1], ahead)
         if choice is not None:
-            mx.async_eval(choice, *([res.features] if res.features is not None else []))
+            # Only the choice: the captured layer outputs are computed on its way and kept
+            # (their concatenation for the drafter waits until speculation absorbs them).
+            mx.async_eval(choice)
         return _QueuedStep(res, choice)
 
     def _ar_step(self, stop_check: StopCheck, lookahead: bool = False) -> StepResult:
