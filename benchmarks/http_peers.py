@@ -1,0 +1,708 @@
+"""toolflash against the MLX servers its users would run instead, over HTTP (issue #25):
+`mlx_lm.server` (the 1.00x line) and mlx-dspark 0.20.3 (auto/lookup and DFlash) on the same
+target weights, each a subprocess on its own loopback port, requests interleaved.
+
+    python benchmarks/http_peers.py                          # servers of benchmarks/data/http_peers.json
+    python benchmarks/http_peers.py --dspark-python /tmp/dspark-venv/bin/python --repeats 3
+    python benchmarks/http_peers.py --servers mlx-lm,toolflash --per-kind 2
+    flock /tmp/bench.lock nice -n -10 python benchmarks/http_peers.py ...   # figures
+
+Every server gets the same streamed chat requests (greedy, `max_tokens` 128, the prompts of
+`toolflash/assets/tiny/bench_prompts.jsonl`, a few per kind, tools with tool-call prompts),
+one at a time, round-robin over the servers per prompt in a seeded shuffled order, several
+repetitions (the same prompts each time, so later repetitions meet each server's prefix cache).
+Per request: TTFT (first content, reasoning or tool-call delta), streamed decode (tokens after
+the first delta over the time from it to the last delta: `stream_options.include_usage`'s count
+times the share of the output's characters that came after the first delta, since a speculative
+server's first delta can hold several tokens; a stream whose first delta holds most of the
+output, such as a tool call buffered to the end, times no decode and is left out of the decode
+ratios) and end to end (request sent -> stream closed). Reported per kind and pooled: each
+server's ratio to the baseline's (decode: pooled tok/s over pooled tok/s; end to end: the
+baseline's summed time over the server's, on the same requests), the spread of the per-repetition
+ratios, and how many outputs equal the baseline's.
+
+Dtype: toolflash computes in float32 on the CPU (weights stored bf16, upcast at load), so the
+peers get a float32 copy of the target made once with mlx-lm's own converter; the optional
+`mlx-lm-bf16` row runs the stored bf16 weights and is labelled so. Servers start one after
+another (toolflash calibrates on its first serve and must not share the CPU with another's
+start-up), are stopped by PID at the end or on error, and inherit this process's environment
+plus OpenBLAS (`LD_PRELOAD`, `OPENBLAS_NUM_THREADS`) and its nice value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).parent / "data" / "http_peers.json"
+OUT = Path(__file__).parent / "results" / "http_peers.json"
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
+ALL = "all"
+HERMES_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+
+
+# --- pure parts: one stream into timings, records into ratios --------------------------------
+
+
+@dataclass
+class StreamResult:
+    """One streamed chat completion as the client saw it."""
+
+    e2e_s: float
+    ttft_s: float | None = None  # request sent -> first content/reasoning/tool-call delta
+    decode_s: float = 0.0  # first such delta -> last such delta
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int | None = None
+    text: str = ""  # reasoning + content, in order
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments)
+    finish_reason: str | None = None
+    error: str | None = None
+    output_chars: int = 0  # characters of text and tool-call names and arguments
+    first_delta_chars: int = 0  # ... of those, in the first delta
+
+    @property
+    def decode_tokens(self) -> float:
+        """Tokens that arrived after the first delta: the completion's tokens times the share of
+        its characters that came later (a speculative or batching server's first delta can hold
+        several tokens, which were decoded before the window opened)."""
+        if self.output_chars <= 0:
+            return 0.0
+        later = self.output_chars - self.first_delta_chars
+        return self.completion_tokens * later / self.output_chars
+
+    @property
+    def decode_timed(self) -> bool:
+        """Whether the stream times a decode: more than one delta, and the first not holding
+        most of the output (a tool call buffered to the end arrives in one piece, after its
+        tokens were decoded, so its window would time nothing)."""
+        return self.decode_s > 0 and 2 * self.first_delta_chars <= self.output_chars
+
+    def canonical(self) -> str:
+        text, calls = self.canonical_parts()
+        return json.dumps({"text": text, "tool_calls": calls}, sort_keys=True)
+
+    def canonical_parts(self) -> tuple[str, list[list[Any]]]:
+        """What must match across servers: the text (whitespace at the ends aside; servers
+        split reasoning from content differently) and each tool call's name and arguments
+        (parsed, so key order and spacing do not count). A Hermes call left in the text (a
+        server that will not return a call to a tool the request did not offer) reads as the
+        call it spells, so the check is on what the model generated."""
+        text = self.text
+        calls: list[list[Any]] = []
+        for m in HERMES_CALL.finditer(text):
+            try:
+                call = json.loads(m.group(1))
+                calls.append([call["name"], call.get("arguments", {})])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+            text = text.replace(m.group(0), "", 1)
+        for name, args in self.tool_calls:
+            try:
+                calls.append([name, json.loads(args)])
+            except json.JSONDecodeError:
+                calls.append([name, args])
+        return text.strip(), calls
+
+
+def parse_stream(lines: Iterable[tuple[float, str]], t0: float, t_end: float) -> StreamResult:
+    """An SSE chat-completion stream, each line with its arrival time (`time.perf_counter`)."""
+    out = StreamResult(e2e_s=t_end - t0)
+    first = last = None
+    calls: dict[int, list[str]] = {}
+    for t, line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            continue
+        chunk = json.loads(data)
+        if "error" in chunk:
+            err = chunk["error"]
+            out.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+            continue
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            text = (delta.get("reasoning_content") or delta.get("reasoning") or "") + (
+                delta.get("content") or ""
+            )
+            chars = len(text)
+            for call in delta.get("tool_calls") or []:
+                slot = calls.setdefault(int(call.get("index", len(calls))), ["", ""])
+                fn = call.get("function") or {}
+                slot[0] += fn.get("name") or ""
+                slot[1] += fn.get("arguments") or ""
+                chars += len(fn.get("name") or "") + len(fn.get("arguments") or "")
+            if chars:
+                out.text += text
+                out.output_chars += chars
+                if first is None:
+                    first, out.first_delta_chars = t, chars
+                last = t
+            if choice.get("finish_reason"):
+                out.finish_reason = choice["finish_reason"]
+        usage = chunk.get("usage")
+        if usage:
+            out.completion_tokens = int(usage.get("completion_tokens") or 0)
+            out.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            details = usage.get("prompt_tokens_details") or {}
+            if details.get("cached_tokens") is not None:
+                out.cached_tokens = int(details["cached_tokens"])
+    out.tool_calls = [(n, a) for _, (n, a) in sorted(calls.items())]
+    if first is not None and last is not None:
+        out.ttft_s = first - t0
+        out.decode_s = last - first
+    return out
+
+
+@dataclass(frozen=True)
+class Record:
+    """One request of one server, flattened for the report."""
+
+    server: str
+    kind: str
+    prompt: int
+    rep: int
+    ttft_s: float | None
+    decode_s: float
+    decode_tokens: float  # tokens after the first delta (`StreamResult.decode_tokens`)
+    decode_timed: bool
+    e2e_s: float
+    completion_tokens: int
+    cached_tokens: int | None
+    finish_reason: str | None
+    identical: bool  # output equal to the baseline's for this prompt and repetition
+    prefix_identical: bool  # one output starts with the other (a length overshoot)
+    same_length: bool  # as many completion tokens as the baseline's
+    error: str | None = None
+    output: str | None = None  # canonical output: the baseline's, and others' where they differ
+
+
+def _decode_rate(rs: Sequence[Record]) -> float:
+    timed = [r for r in rs if r.decode_timed]
+    seconds = sum(r.decode_s for r in timed)
+    return sum(r.decode_tokens for r in timed) / seconds if seconds > 0 else 0.0
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 4) if b > 0 and a > 0 else None
+
+
+def summarize(
+    records: Sequence[Record], baseline: str, kinds: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """Per (kind, server), kinds then `all`: decode tok/s and its ratio to the baseline's, end to
+    end as the baseline's summed time over the server's, each with the ratios per repetition;
+    medians of TTFT and end to end; outputs identical to the baseline's. Ratios pair requests:
+    only (prompt, repetition)s both servers answered without an error count, and for decode
+    only those whose streams both time a decode (`decode_timed` counts the server's)."""
+    kinds = list(dict.fromkeys([*kinds, *(r.kind for r in records)])) + [ALL]
+    servers = list(dict.fromkeys(r.server for r in records))
+    reps = sorted({r.rep for r in records})
+    ok = {(r.server, r.prompt, r.rep): r for r in records if r.error is None}
+
+    def pairs(server: str, kind: str, rep: int | None = None) -> tuple[list[Record], list[Record]]:
+        mine, base = [], []
+        for r in records:
+            if r.server != server or (kind != ALL and r.kind != kind) or rep not in (None, r.rep):
+                continue
+            b = ok.get((baseline, r.prompt, r.rep))
+            if r.error is None and b is not None:
+                mine.append(r)
+                base.append(b)
+        return mine, base
+
+    def decode_ratio(mine: Sequence[Record], base: Sequence[Record]) -> float | None:
+        both = [(m, b) for m, b in zip(mine, base) if m.decode_timed and b.decode_timed]
+        return _ratio(_decode_rate([m for m, _ in both]), _decode_rate([b for _, b in both]))
+
+    def e2e_ratio(mine: Sequence[Record], base: Sequence[Record]) -> float | None:
+        return _ratio(sum(r.e2e_s for r in base), sum(r.e2e_s for r in mine))
+
+    rows = []
+    for kind in kinds:
+        for server in servers:
+            mine, base = pairs(server, kind)
+            per_rep = [pairs(server, kind, k) for k in reps]
+            ttfts = [r.ttft_s for r in mine if r.ttft_s is not None]
+            errors = [
+                r for r in records if r.server == server and r.error and kind in (ALL, r.kind)
+            ]
+            rows.append(
+                {
+                    "kind": kind,
+                    "server": server,
+                    "requests": len(mine),
+                    "errors": len(errors),
+                    "decode_timed": sum(r.decode_timed for r in mine),
+                    "decode_tok_s": round(_decode_rate(mine), 2),
+                    "decode_ratio": decode_ratio(mine, base),
+                    "decode_rep_ratios": [x for x in (decode_ratio(*p) for p in per_rep) if x],
+                    "e2e_ratio": e2e_ratio(mine, base),
+                    "e2e_rep_ratios": [x for x in (e2e_ratio(*p) for p in per_rep) if x],
+                    "ttft_ms_median": round(1e3 * statistics.median(ttfts), 2) if ttfts else None,
+                    "e2e_ms_median": round(1e3 * statistics.median(r.e2e_s for r in mine), 2)
+                    if mine
+                    else None,
+                    "completion_tokens": sum(r.completion_tokens for r in mine),
+                    "identical": sum(r.identical for r in mine),
+                    "prefix_identical": sum(r.prefix_identical for r in mine),
+                    "same_length": sum(r.same_length for r in mine),
+                }
+            )
+    return rows
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    def spread(xs: Sequence[float]) -> str:
+        return f"[{min(xs):.2f}-{max(xs):.2f}]" if xs else ""
+
+    def x(v: float | None) -> str:
+        return f"{v:.2f}x" if v is not None else "-"
+
+    def ms(v: float | None) -> str:
+        return f"{v:.1f}" if v is not None else "-"
+
+    lines = [
+        f"{'kind':<10} {'server':<14} {'decode tok/s':>12} {'decode':>18} {'timed':>6} "
+        f"{'end to end':>18} {'TTFT ms':>8} {'e2e ms':>8} {'tokens':>7} {'same':>7}"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['kind']:<10} {r['server']:<14} {r['decode_tok_s']:>12.1f} "
+            f"{x(r['decode_ratio']) + ' ' + spread(r['decode_rep_ratios']):>18} "
+            f"{r['decode_timed']:>6} "
+            f"{x(r['e2e_ratio']) + ' ' + spread(r['e2e_rep_ratios']):>18} "
+            f"{ms(r['ttft_ms_median']):>8} {ms(r['e2e_ms_median']):>8} "
+            f"{r['completion_tokens']:>7} {r['identical']:>3}/{r['requests']:<3}"
+            + (f" ({r['errors']} errors)" if r["errors"] else "")
+        )
+    lines.append(
+        "ratios to the baseline on the same requests: pooled [min-max over repetitions]; "
+        "timed = requests whose stream times a decode (decode pairs those of both); "
+        "TTFT, e2e: medians; same = outputs identical to the baseline's"
+    )
+    return "\n".join(lines)
+
+
+# --- servers -------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    name: str
+    label: str
+    argv: list[str]
+    model: str
+    baseline: bool
+    log: Path
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    health: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(server: Server, env: Mapping[str, str], timeout_s: float) -> None:
+    """Start the server and wait until `/health` answers 200 (each of the three answers it
+    only once its model is loaded)."""
+    import httpx
+
+    log = server.log.open("wb")
+    server.proc = subprocess.Popen(
+        server.argv, cwd=ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT
+    )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{server.name} exited ({server.proc.returncode}):\n{tail(server)}")
+        try:
+            r = httpx.get(f"{server.url}/health", timeout=2)
+            if r.status_code == 200:
+                server.health = r.json()
+                return
+        except (httpx.TransportError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{server.name} not healthy after {timeout_s} s:\n{tail(server)}")
+
+
+def stop(server: Server) -> None:
+    proc = server.proc
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)  # its own PID only
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def tail(server: Server, n: int = 3000) -> str:
+    try:
+        return server.log.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+@contextmanager
+def running(servers: Sequence[Server], env: Mapping[str, str], timeout_s: float) -> Iterator[None]:
+    """Start the servers one after another; stop every started one on the way out, also on
+    an error or SIGTERM."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        for s in servers:
+            s.port = free_port()
+            s.argv = [a.replace("{port}", str(s.port)) for a in s.argv]
+            t = time.perf_counter()
+            print(f"starting {s.name} on :{s.port} ...", file=sys.stderr, flush=True)
+            start(s, env, timeout_s)
+            print(f"  {s.name} ready in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        yield
+    finally:
+        for s in servers:
+            stop(s)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def float32_copy(src: Path, dst: Path, env: Mapping[str, str]) -> None:
+    """The target's weights as float32, by mlx-lm's own converter (run once per invocation)."""
+    subprocess.run(
+        [sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(src), "--mlx-path",
+         str(dst), "--dtype", "float32"],
+        check=True, env=dict(env), capture_output=True,
+    )  # fmt: skip
+
+
+# --- requests ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prompt:
+    kind: str
+    index: int  # line in the prompts file
+    body: dict[str, Any]  # the request's messages, tools and chat_template_kwargs
+
+
+def load_prompts(spec: Mapping[str, Any], per_kind: int) -> tuple[list[Prompt], list[Prompt]]:
+    """(measured, warm-up): `per_kind` prompts of each kind spread evenly over the kind's lines,
+    and for the warm-up pass the `warmup_per_kind` lines after the first few of them."""
+    lines = (ROOT / spec["file"]).read_text().splitlines()
+    rows = [json.loads(line) for line in lines if line.strip()]
+    measured: list[Prompt] = []
+    warmup: list[Prompt] = []
+    for kind in spec["kinds"]:
+        mine = [(i, r) for i, r in enumerate(rows) if r["kind"] == kind]
+        step = max(len(mine) // max(per_kind, 1), 2)
+        for j, (i, r) in enumerate(mine):
+            body = {"messages": r["messages"]}
+            for key in ("tools", "chat_template_kwargs"):
+                if r.get(key) is not None:
+                    body[key] = r[key]
+            if j % step == 0 and j // step < per_kind:
+                measured.append(Prompt(kind, i, body))
+            elif j % step == 1 and j // step < spec["warmup_per_kind"]:
+                warmup.append(Prompt(kind, i, body))
+    return measured, warmup
+
+
+def send(client: Any, server: Server, prompt: Prompt, request: Mapping[str, Any]) -> StreamResult:
+    body = {
+        "model": server.model,
+        **prompt.body,
+        **request,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    lines: list[tuple[float, str]] = []
+    t0 = time.perf_counter()
+    try:
+        with client.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                r.read()
+                return StreamResult(time.perf_counter() - t0, error=f"{r.status_code} {r.text}")
+            for line in r.iter_lines():
+                lines.append((time.perf_counter(), line))
+    except Exception as exc:  # one failed request is a counted error, not a dead benchmark
+        return StreamResult(time.perf_counter() - t0, error=repr(exc))
+    return parse_stream(lines, t0, time.perf_counter())
+
+
+def to_record(
+    server: str, prompt: Prompt, rep: int, res: StreamResult, ref: StreamResult, is_base: bool
+) -> Record:
+    """One request's record, its output compared with the baseline's (`ref`)."""
+    text, calls = res.canonical_parts()
+    ref_text, ref_calls = ref.canonical_parts()
+    same = res.canonical() == ref.canonical()
+    return Record(
+        server=server,
+        kind=prompt.kind,
+        prompt=prompt.index,
+        rep=rep,
+        ttft_s=res.ttft_s,
+        decode_s=res.decode_s,
+        decode_tokens=round(res.decode_tokens, 3),
+        decode_timed=res.decode_timed,
+        e2e_s=res.e2e_s,
+        completion_tokens=res.completion_tokens,
+        cached_tokens=res.cached_tokens,
+        finish_reason=res.finish_reason,
+        identical=same,
+        prefix_identical=calls == ref_calls
+        and (text.startswith(ref_text) or ref_text.startswith(text)),
+        same_length=res.completion_tokens == ref.completion_tokens,
+        error=res.error,
+        output=res.canonical() if is_base or not same else None,
+    )
+
+
+def interleaved(
+    servers: Sequence[Server],
+    prompts: Sequence[Prompt],
+    warmup: Sequence[Prompt],
+    request: Mapping[str, Any],
+    repeats: int,
+    seed: int,
+) -> list[Record]:
+    import httpx
+
+    rng = random.Random(seed)
+    base = next(s for s in servers if s.baseline)
+    records = []
+    with httpx.Client(timeout=600) as client:
+        for p in warmup:  # first-call compilation, allocators; not measured
+            for s in servers:
+                send(client, s, p, request)
+        for rep in range(repeats):
+            order = list(prompts)
+            rng.shuffle(order)
+            for p in order:
+                turn = list(servers)
+                rng.shuffle(turn)
+                results = {s.name: send(client, s, p, request) for s in turn}
+                ref = results[base.name]
+                for s in servers:
+                    records.append(to_record(s.name, p, rep, results[s.name], ref, s is base))
+            print(f"  repetition {rep + 1}/{repeats} done", file=sys.stderr, flush=True)
+    return records
+
+
+# --- main ----------------------------------------------------------------------------------
+
+
+def versions(dspark_python: str | None) -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("toolflash", "mlx", "mlx-lm", "httpx"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    if dspark_python:
+        code = "import importlib.metadata as m; print(m.version('mlx-dspark'))"
+        r = subprocess.run([dspark_python, "-c", code], capture_output=True, text=True)
+        out["mlx-dspark"] = r.stdout.strip() or "?"
+    return out
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "nice": os.nice(0),
+    }
+
+
+def find_dspark_python(given: str | None) -> str | None:
+    candidates = [given] if given else [sys.executable]
+    for py in candidates:
+        if (
+            py
+            and subprocess.run([py, "-c", "import mlx_dspark"], capture_output=True).returncode == 0
+        ):
+            return py
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--servers", default=None, help="rows of the data file (default: its defaults)")
+    p.add_argument("--per-kind", type=int, default=None, help="prompts per kind")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument(
+        "--dspark-python",
+        default=None,
+        help="interpreter with mlx-dspark installed (default: this one; rows that need it are "
+        "skipped when it cannot import mlx_dspark)",
+    )
+    p.add_argument(
+        "--toolflash-state",
+        default=None,
+        help="an already-calibrated toolflash state directory (default: a fresh one, so the "
+        "server calibrates as on a first serve)",
+    )
+    p.add_argument("--blas-threads", default="1", help="OPENBLAS_NUM_THREADS for every server")
+    p.add_argument("--start-timeout-s", type=float, default=600)
+    p.add_argument("--data", default=str(DATA))
+    p.add_argument("--json", dest="json_out", default=str(OUT))
+    args = p.parse_args(argv)
+
+    data = json.loads(Path(args.data).read_text())
+    wanted = args.servers.split(",") if args.servers else None
+    dspark_python = find_dspark_python(args.dspark_python)
+    skipped = []
+    rows = []
+    for row in data["servers"]:
+        if (wanted is None and not row.get("default")) or (wanted and row["name"] not in wanted):
+            continue
+        if row.get("needs") == "dspark" and dspark_python is None:
+            skipped.append(f"{row['name']}: mlx-dspark not importable")
+            continue
+        rows.append(row)
+    if not any(r.get("baseline") for r in rows):
+        p.error("the baseline row must be among --servers")
+
+    from toolflash.engine.factory import assets_dir
+
+    target = assets_dir() / "qwen35-tiny"
+    drafter = assets_dir() / "qwen35-tiny-dflash"
+    env = dict(os.environ)
+    if Path(OPENBLAS).exists() and OPENBLAS not in env.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = ":".join(x for x in (OPENBLAS, env.get("LD_PRELOAD")) if x)
+    env["OPENBLAS_NUM_THREADS"] = args.blas_threads
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    request = dict(data["request"])
+    if args.max_tokens is not None:
+        request["max_tokens"] = args.max_tokens
+    prompts, warmup = load_prompts(data["prompts"], args.per_kind or data["prompts"]["per_kind"])
+    info = machine()
+    t_start = time.perf_counter()
+
+    with tempfile.TemporaryDirectory(prefix="http-peers-") as tmp:
+        work = Path(tmp)
+        target_f32 = work / "target-f32"
+        float32_copy(target, target_f32, env)
+        state = Path(args.toolflash_state) if args.toolflash_state else work / "toolflash-state"
+        policy_config = work / "policy.yaml"
+        policy_config.write_text(f"state_dir: {json.dumps(str(state))}\n")
+        values = {
+            "{python}": sys.executable,
+            "{dspark_python}": dspark_python or "",
+            "{target}": str(target),
+            "{target_f32}": str(target_f32),
+            "{drafter}": str(drafter),
+            "{policy_config}": str(policy_config),
+        }
+
+        def fill(s: str) -> str:
+            for k, v in values.items():
+                s = s.replace(k, v)
+            return s
+
+        servers = [
+            Server(
+                name=r["name"],
+                label=r["label"],
+                argv=[fill(a) for a in r["argv"]],
+                model=fill(r["model"]),
+                baseline=bool(r.get("baseline")),
+                log=work / f"{r['name']}.log",
+            )
+            for r in rows
+        ]
+        try:
+            with running(servers, env, args.start_timeout_s):
+                records = interleaved(servers, prompts, warmup, request, args.repeats, args.seed)
+        except Exception:
+            for s in servers:
+                print(f"--- {s.name} log tail ---\n{tail(s)}", file=sys.stderr)
+            raise
+        server_info = [
+            {
+                "name": s.name,
+                "label": s.label,
+                "argv": [a.replace(tmp, "$TMP") for a in s.argv],
+                "health": {k: v for k, v in s.health.items() if not isinstance(v, dict)},
+            }
+            for s in servers
+        ]
+
+    baseline = next(s.name for s in servers if s.baseline)
+    summary = summarize(records, baseline, data["prompts"]["kinds"])
+    info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    report = {
+        "benchmark": "benchmarks/http_peers.py",
+        "command": " ".join(["python", "benchmarks/http_peers.py", *argv]),
+        "baseline": baseline,
+        "servers": server_info,
+        "skipped": skipped,
+        "request": request,
+        "prompts_file": data["prompts"]["file"],
+        "prompts": {k: [q.index for q in prompts if q.kind == k] for k in data["prompts"]["kinds"]},
+        "warmup_prompts": [q.index for q in warmup],
+        "repeats": args.repeats,
+        "seed": args.seed,
+        "openblas_threads": args.blas_threads,
+        "machine": info,
+        "versions": versions(dspark_python),
+        "wall_s": round(time.perf_counter() - t_start, 1),
+        "rows": summary,
+        "requests": [asdict(r) for r in records],
+    }
+    Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    for info_row in server_info:
+        print(f"{info_row['name']:<14} {info_row['label']}")
+    if skipped:
+        print("skipped: " + "; ".join(skipped))
+    print(format_table(summary))
+    print(f"wrote {args.json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
