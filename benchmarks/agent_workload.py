@@ -46,8 +46,9 @@ from toolflash.engine.api import FinishEvent, GenerationRequest, OutputConstrain
 from toolflash.gateway.logs import configure_logging
 from toolflash.gateway.protocol import ChatCompletionRequest
 from toolflash.gateway.structured import build_constraint, for_prompt, reasoning_mode
+from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.config import PolicyConfig
-from toolflash.policy.controller import AdaptivePolicy, PolicyController
+from toolflash.policy.controller import PolicyController
 from toolflash.policy.request_class import RequestClass, classify
 
 STRATEGIES = ("spec", "ar", "adaptive")

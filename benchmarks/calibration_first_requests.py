@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_workload import balanced_orders, build_workload, class_name, generate  # noqa: E402
 
+from toolflash.policy.adaptive import AdaptivePolicy  # noqa: E402
 from toolflash.policy.config import PolicyConfig  # noqa: E402
-from toolflash.policy.controller import AdaptivePolicy  # noqa: E402
 
 STRATEGIES = ("spec", "ar", "cold", "calibrated")
 

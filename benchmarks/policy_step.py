@@ -33,8 +33,8 @@ from typing import Any
 import structlog
 
 from toolflash.engine.api import CycleRecord, GenerationStats
+from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.config import PolicyConfig
-from toolflash.policy.controller import AdaptivePolicy
 from toolflash.policy.request_class import RequestClass
 from toolflash.policy.spans import SpanTracker
 
@@ -150,7 +150,10 @@ def policy_at(rev: str, into: Path) -> Any:
     (into / "policy").rename(into / name)
     sys.path.insert(0, str(into))
     config = __import__(f"{name}.config", fromlist=["PolicyConfig"])
-    controller = __import__(f"{name}.controller", fromlist=["AdaptivePolicy"])
+    try:  # AdaptivePolicy moved from controller.py to adaptive.py with #27
+        controller = __import__(f"{name}.adaptive", fromlist=["AdaptivePolicy"])
+    except ImportError:
+        controller = __import__(f"{name}.controller", fromlist=["AdaptivePolicy"])
 
     def make(tmp: Path) -> Any:
         cfg = tmp / "cycle-timing.yaml"

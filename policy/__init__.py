@@ -16,8 +16,9 @@
   `ScriptedController`, which runs one arm and only measures (calibration).
 - `calibration`: the record that `toolflash calibrate` ran for a model on this machine, and
   `seed`, which merges calibrated estimates into the policy's.
-- `controller`: `AdaptivePolicy` (one per server) and its per-request `PolicyController`, which
-  tracks spans and dispatches each step to the decision it is due for.
+- `adaptive`: `AdaptivePolicy`, one per server (estimates, backoffs and counters per model).
+- `controller`: the per-request `PolicyController`, which tracks spans and dispatches each step
+  to the decision it is due for.
 
 Use: `policy = AdaptivePolicy(PolicyConfig(user_files))` once; per request
 `policy.controller_for(model_id, request_class, response_format_json, start_in_reasoning=...)`

@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("mlx.core")
 
+from toolflash.policy.adaptive import AdaptivePolicy  # noqa: E402
 from toolflash.policy.config import PolicyConfig  # noqa: E402
-from toolflash.policy.controller import AdaptivePolicy  # noqa: E402
 
 PLAN_KW = {
     "prompts_per_kind": 1,

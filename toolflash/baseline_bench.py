@@ -287,8 +287,8 @@ def calibrated_policies(engine: Any, progress: bool = True) -> Callable[[], Any]
     from pathlib import Path
 
     from toolflash.calibrate import ensure_calibrated
+    from toolflash.policy.adaptive import AdaptivePolicy
     from toolflash.policy.config import PolicyConfig
-    from toolflash.policy.controller import AdaptivePolicy
     from toolflash.policy.store import PolicyStore
 
     state = Path(tempfile.mkdtemp(prefix="toolflash-bench-")) / "policy-state.json"

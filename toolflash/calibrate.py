@@ -35,6 +35,7 @@ from toolflash.calibration_key import calibration_key
 from toolflash.calibration_requests import class_bodies, long_body
 from toolflash.engine.api import Engine, FinishEvent, GenerationRequest
 from toolflash.gateway.worker import Prepared
+from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.calibration import (
     CalibrationRecord,
     load_record,
@@ -42,7 +43,6 @@ from toolflash.policy.calibration import (
     seed,
 )
 from toolflash.policy.config import EffectivePolicy
-from toolflash.policy.controller import AdaptivePolicy
 from toolflash.policy.decide import Arm, arm_name
 from toolflash.policy.estimates import Estimates
 from toolflash.policy.measure import ScriptedController

@@ -8,10 +8,10 @@ from pathlib import Path
 from tests.gateway.conftest import serve
 from tests.gateway.fake_engine import FakeEngine
 from toolflash.gateway.serving import ControllerRequest
+from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.config import PolicyConfig
-from toolflash.policy.controller import AdaptivePolicy, PolicyController
+from toolflash.policy.controller import PolicyController
 from toolflash.policy.record import DecisionRecord, RecordingController, recording
-
 
 
 def test_the_response_serves_the_controllers_records(tmp_path: Path) -> None:

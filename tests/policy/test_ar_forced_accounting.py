@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from toolflash.engine.api import CycleRecord
+from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.config import PolicyConfig
-from toolflash.policy.controller import AdaptivePolicy
 from toolflash.policy.estimates import Estimates
 
 from .fakes import FakeClock, ar_record

@@ -16,8 +16,8 @@ from toolflash.engine.api import (
     SamplingParams,
     ToolSpec,
 )
+from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.config import PolicyConfig
-from toolflash.policy.controller import AdaptivePolicy
 from toolflash.policy.request_class import classify
 
 from .fakes import FakeClock

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from toolflash.engine.api import GenerationStats
+from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.config import PolicyConfig
-from toolflash.policy.controller import AdaptivePolicy
 from toolflash.policy.estimates import Throughput
 from toolflash.policy.request_class import RequestClass
 

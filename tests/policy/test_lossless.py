@@ -10,8 +10,8 @@ import pytest
 from tests.engine.model_dirs import write_draft, write_qwen3_target
 from toolflash.engine.api import GenerationRequest, TokenEvent
 from toolflash.engine.factory import build_engine
+from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.config import PolicyConfig
-from toolflash.policy.controller import AdaptivePolicy
 from toolflash.policy.request_class import RequestClass
 
 from .fakes import FakeClock

@@ -28,9 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from toolflash.calibrate import ensure_calibrated, format_rows, state_dir
     from toolflash.engine.factory import build_engine
+    from toolflash.policy.adaptive import AdaptivePolicy
     from toolflash.policy.calibration import record_path
     from toolflash.policy.config import PolicyConfig, PolicyFileError
-    from toolflash.policy.controller import AdaptivePolicy
 
     try:
         policy = AdaptivePolicy(PolicyConfig(list(args.policy_config)))

@@ -242,8 +242,8 @@ def _policy(args: argparse.Namespace) -> Any:
     """The adaptive policy (one per server), or None with --policy off."""
     if args.policy == "off":
         return None
+    from toolflash.policy.adaptive import AdaptivePolicy
     from toolflash.policy.config import PolicyConfig
-    from toolflash.policy.controller import AdaptivePolicy
 
     return AdaptivePolicy(PolicyConfig(list(args.policy_config)))
 
