@@ -283,7 +283,7 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
     lines = [
         f"{'kind':<10} {'server':<14} {'decode tok/s':>12} {'decode':>18} {'timed':>6} "
-        f"{'end to end':>18} {'TTFT ms':>8} {'e2e ms':>8} {'tokens':>7} {'same':>7}"
+        f"{'end to end':>18} {'TTFT ms':>8} {'e2e ms':>8} {'tokens':>7} {'same':>7} {'same n':>6}"
     ]
     for r in rows:
         lines.append(
@@ -292,13 +292,14 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
             f"{r['decode_timed']:>6} "
             f"{x(r['e2e_ratio']) + ' ' + spread(r['e2e_rep_ratios']):>18} "
             f"{ms(r['ttft_ms_median']):>8} {ms(r['e2e_ms_median']):>8} "
-            f"{r['completion_tokens']:>7} {r['identical']:>3}/{r['requests']:<3}"
-            + (f" ({r['errors']} errors)" if r["errors"] else "")
+            f"{r['completion_tokens']:>7} {r['identical']:>3}/{r['requests']:<3} "
+            f"{r['same_length']:>6}" + (f" ({r['errors']} errors)" if r["errors"] else "")
         )
     lines.append(
         "ratios to the baseline on the same requests: pooled [min-max over repetitions]; "
         "timed = requests whose stream times a decode (decode pairs those of both); "
-        "TTFT, e2e: medians; same = outputs identical to the baseline's"
+        "TTFT, e2e: medians; same = outputs identical to the baseline's, same n = as many "
+        "tokens"
     )
     return "\n".join(lines)
 
@@ -532,6 +533,17 @@ def versions(dspark_python: str | None) -> dict[str, str]:
     return out
 
 
+def tree() -> dict[str, Any]:
+    """The toolflash tree measured: its commit and the files changed since (a shared working
+    tree runs uncommitted work)."""
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout
+
+    changed = [line[3:] for line in git("status", "--porcelain", "-uno").splitlines()]
+    return {"commit": git("rev-parse", "HEAD").strip(), "modified": changed}
+
+
 def machine() -> dict[str, Any]:
     cpu = ""
     try:
@@ -689,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
         "openblas_threads": args.blas_threads,
         "machine": info,
         "versions": versions(dspark_python),
+        "tree": tree(),
         "wall_s": round(time.perf_counter() - t_start, 1),
         "rows": summary,
         "requests": [asdict(r) for r in records],
