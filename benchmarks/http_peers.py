@@ -1,11 +1,20 @@
-"""toolflash against the MLX servers its users would run instead, over HTTP (issue #25):
+r"""toolflash against the MLX servers its users would run instead, over HTTP (issue #25):
 `mlx_lm.server` (the 1.00x line) and mlx-dspark 0.20.3 (auto/lookup and DFlash) on the same
 target weights, each a subprocess on its own loopback port, requests interleaved.
 
-    python benchmarks/http_peers.py                          # servers of benchmarks/data/http_peers.json
-    python benchmarks/http_peers.py --dspark-python /tmp/dspark-venv/bin/python --repeats 3
-    python benchmarks/http_peers.py --servers mlx-lm,toolflash --per-kind 2
-    flock /tmp/bench.lock nice -n -10 python benchmarks/http_peers.py ...   # figures
+    python benchmarks/http_peers.py            # the default rows of benchmarks/data/http_peers.json
+    python benchmarks/http_peers.py --servers mlx-lm,toolflash --per-kind 2 --repeats 2
+    python benchmarks/http_peers.py --dspark-python V/bin/python --servers \
+        mlx-lm,toolflash,dspark-auto,dspark-dflash,mlx-lm-bf16         # all rows
+    flock /tmp/bench.lock nice -n -10 python benchmarks/http_peers.py ...   # for figures
+
+mlx-dspark rows run where `--dspark-python` (default: this interpreter) imports `mlx_dspark`.
+Its wheel is pure Python; `pip install mlx-dspark==0.20.3` also pulls mlx-vlm's and mlx-audio's
+dependencies (opencv, datasets, pandas, ...), which the server does not need, so a side
+environment keeps them out of this one:
+
+    python -m venv --system-site-packages V
+    V/bin/pip install --no-deps mlx-dspark==0.20.3 mlx-vlm==0.7.10
 
 Every server gets the same streamed chat requests (greedy, `max_tokens` 128, the prompts of
 `toolflash/assets/tiny/bench_prompts.jsonl`, a few per kind, tools with tool-call prompts),
@@ -26,7 +35,8 @@ peers get a float32 copy of the target made once with mlx-lm's own converter; th
 `mlx-lm-bf16` row runs the stored bf16 weights and is labelled so. Servers start one after
 another (toolflash calibrates on its first serve and must not share the CPU with another's
 start-up), are stopped by PID at the end or on error, and inherit this process's environment
-plus OpenBLAS (`LD_PRELOAD`, `OPENBLAS_NUM_THREADS`) and its nice value.
+plus OpenBLAS (`LD_PRELOAD`, `OPENBLAS_NUM_THREADS`) and its nice value. toolflash is started
+with `tool_call_format` among its allowed template kwargs, which the tool-call prompts set.
 """
 
 from __future__ import annotations
