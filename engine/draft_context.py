@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from toolflash.cache.state import DraftState
+
 from .drafter import DFlashDrafter
-from .state import DraftState
 
 
 @dataclass(frozen=True)

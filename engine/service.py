@@ -15,6 +15,7 @@ import structlog
 
 from toolflash.cache.key import SnapshotKey, template_hash
 from toolflash.cache.prefix_cache import PrefixCache
+from toolflash.cache.state import SessionState
 
 from .api import (
     ContextLengthError,
@@ -36,7 +37,6 @@ from .draft_length import DraftLengthSchedule
 from .drafter import DFlashDrafter
 from .sampling.logprobs import RawLogprob
 from .session import GenerationSession
-from .state import SessionState
 from .stops import StopMatcher, visible_text
 from .targets.base import TargetAdapter
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from toolflash.cache.state import SessionState, export_cache, restore_cache
+
 from .api import CycleRecord, Mode
 from .draft_context import DraftContext, DraftWindow
 from .drafter import DFlashDrafter
@@ -29,7 +31,6 @@ from .host import host_int
 from .sampling.logprobs import RawLogprob, token_logprobs
 from .selection import GreedyChooser, Proposal, TokenChooser
 from .sparse import Lineage, SparseLineageError, SparseSelection
-from .state import SessionState, export_cache, restore_cache
 from .targets.base import ForwardResult, TargetAdapter, cache_offset
 
 # Given the tokens a step is about to commit, the index of the last one to emit when the

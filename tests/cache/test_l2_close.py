@@ -19,7 +19,7 @@ from toolflash.cache.key import SnapshotKey
 from toolflash.cache.l2 import DiskCache
 from toolflash.cache.prefix_cache import CacheConfig, PrefixCache
 from toolflash.cache.snapshot import Snapshot
-from toolflash.engine.state import LayerState, SessionState
+from toolflash.cache.state import LayerState, SessionState
 
 KEY = SnapshotKey("t", None, (), None, None, "h", "float32")
 

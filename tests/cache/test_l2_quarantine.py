@@ -15,7 +15,7 @@ import pytest
 from toolflash.cache.key import SnapshotKey
 from toolflash.cache.l2 import DiskCache
 from toolflash.cache.snapshot import Snapshot
-from toolflash.engine.state import LayerState, SessionState
+from toolflash.cache.state import LayerState, SessionState
 
 KEY = SnapshotKey("t", None, (), None, None, "h", "float32")
 

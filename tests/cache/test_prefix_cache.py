@@ -19,10 +19,10 @@ from toolflash.cache.key import SnapshotKey
 from toolflash.cache.l2 import DiskCache
 from toolflash.cache.prefix_cache import CacheConfig, PrefixCache
 from toolflash.cache.snapshot import Snapshot
+from toolflash.cache.state import SessionState
 from toolflash.engine.api import FinishEvent, GenerationRequest, Mode, TokenEvent
 from toolflash.engine.draft_context import DraftWindow
 from toolflash.engine.factory import build_engine
-from toolflash.engine.state import SessionState
 
 from ..engine.model_dirs import write_draft, write_qwen3_target, write_qwen35_target
 

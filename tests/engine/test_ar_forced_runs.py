@@ -13,6 +13,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from toolflash.cache.state import SessionState
 from toolflash.engine.api import (
     ConstraintStats,
     CycleRecord,
@@ -27,7 +28,6 @@ from toolflash.engine.factory import assets_dir, build_engine
 from toolflash.engine.sampling.logprobs import RawLogprob
 from toolflash.engine.selection import GreedyChooser
 from toolflash.engine.session import GenerationSession
-from toolflash.engine.state import SessionState
 from toolflash.engine.stops import StopMatcher
 from toolflash.engine.targets.base import cache_offset
 

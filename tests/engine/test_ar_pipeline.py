@@ -12,11 +12,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from toolflash.cache.state import export_cache
 from toolflash.engine.api import GenerationRequest, Mode, SamplingParams
 from toolflash.engine.sampling import SamplingChooser
 from toolflash.engine.service import DFlashEngine
 from toolflash.engine.session import GenerationSession
-from toolflash.engine.state import export_cache
 from toolflash.engine.targets.qwen3 import Qwen3Target
 from toolflash.engine.targets.qwen3_5 import Qwen35Target
 

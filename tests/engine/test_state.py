@@ -8,10 +8,10 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
+from toolflash.cache.state import SessionState
 from toolflash.engine.api import Mode
 from toolflash.engine.draft_context import DraftWindow
 from toolflash.engine.session import GenerationSession
-from toolflash.engine.state import SessionState
 from toolflash.engine.targets.qwen3 import Qwen3Target
 from toolflash.engine.targets.qwen3_5 import Qwen35Target
 
