@@ -133,6 +133,7 @@ def _run_baseline(args: argparse.Namespace, engine: Any, prompts: list[Any]) -> 
         variants=variants,
         seed=args.seed,
     )
+    report["command"] = " ".join(["toolflash", *sys.argv[1:]])
     print(format_comparison(report))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2))
