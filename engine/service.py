@@ -343,8 +343,7 @@ class DFlashEngine:
                     reason = "cancelled"
                     break
                 mode = request.mode_plan.get(len(cycles), mode) if self.drafter else "ar"
-                block = block_size if schedule is None else schedule.next_block(block_size)
-                block = min(block, matcher.remaining)
+                block = min(_block(schedule, block_size), matcher.remaining)
                 # An AR step queues the next one's forward unless this must be the last.
                 lookahead = mode == "ar" and matcher.remaining > 1
                 step = session.step(mode, block, matcher.check, lookahead)
@@ -353,12 +352,17 @@ class DFlashEngine:
                     schedule.observe(step.record)
                 finished = step.finished
                 delta = text.push(step.tokens)
-                yield TokenEvent(
-                    tuple(step.tokens), delta, step.record, self._logprobs(step.logprobs)
-                )
                 if controller is not None:
                     decision = controller.after_step(step.record, step.tokens, delta)
                     mode, block_size = decision.mode, decision.block_size
+                if not finished and not text.stopped and self.drafter is not None:
+                    # The next spec cycle's draft starts before this event goes out, so the
+                    # drafter computes while the consumer handles the event.
+                    if request.mode_plan.get(len(cycles), mode) == "spec":
+                        session.prepare_draft(min(_block(schedule, block_size), matcher.remaining))
+                yield TokenEvent(
+                    tuple(step.tokens), delta, step.record, self._logprobs(step.logprobs)
+                )
                 if len(session.tokens) % _CLEAR_CACHE_EVERY < len(step.tokens):
                     mx.clear_cache()
         finally:
@@ -416,6 +420,11 @@ class DFlashEngine:
             for r in raw
             if r.token_id not in self.eos_ids
         )
+
+
+def _block(schedule: DraftLengthSchedule | None, ceiling: int) -> int:
+    """The next cycle's block under the caller's `ceiling` (the adaptive draft length's)."""
+    return ceiling if schedule is None else schedule.next_block(ceiling)
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,8 @@ class GenerationSession:
         # step that queued it ended.
         self._ahead: _QueuedStep | None = None
         self._ahead_since: float | None = None
+        # The next spec cycle's draft, started early (`prepare_draft`): (block size, proposal).
+        self._prepared: tuple[int, Proposal] | None = None
 
     @property
     def staged(self) -> int:
@@ -229,7 +231,26 @@ class GenerationSession:
         if mode == "spec" and self.draft_ctx is not None and block_size > 1:
             self.drain()
             return self._spec_cycle(block_size, stop_check)
+        self._prepared = None
         return self._ar_step(stop_check, lookahead)
+
+    def prepare_draft(self, block_size: int) -> None:
+        """Start the next spec cycle's draft on the device now, so it computes while the caller
+        finishes its work for this step (detokenizing, handing the event on). A spec step at
+        `block_size` takes it; any other step drops it (drafting has no effect on the target
+        cache, and the features it absorbed belong to the drafter context either way)."""
+        if self.draft_ctx is None or block_size <= 1 or self._ahead is not None:
+            return
+        self._prepared = (block_size, self._propose(block_size))
+
+    def _propose(self, block_size: int) -> Proposal:
+        """The cycle's proposal, its evaluation started: tokens a constraint forces (no drafter
+        run), else the drafter's block."""
+        proposal = self.chooser.forced(block_size - 1)
+        if proposal is None:
+            proposal = self.chooser.draft(self.proposer(self, block_size)[0])
+        mx.async_eval(proposal.tokens)
+        return proposal
 
     def drain(self) -> None:
         """Undo a queued AR forward (the cache then ends right before the staged token)."""
@@ -330,15 +351,15 @@ class GenerationSession:
 
     def _spec_cycle(self, block_size: int, stop_check: StopCheck) -> StepResult:
         t0 = time.perf_counter()
-        # A constraint that forces the next tokens drafts them for free (no drafter run).
-        proposal = self.chooser.forced(block_size - 1)
-        if proposal is None:
-            proposal = self.chooser.draft(self.proposer(self, block_size)[0])
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared[0] == block_size:
+            proposal = prepared[1]
+        else:
+            proposal = self._propose(block_size)
         draft = proposal.tokens
         # MLX evaluates on its own thread: the drafter computes while Python builds the
         # verify forward's graph on the still-lazy draft, and the verify runs straight after
         # it. The verdict is the cycle's one host synchronisation.
-        mx.async_eval(draft)
         res = self._feed_block(draft)
         drafted = int(draft.shape[0])
         t1 = time.perf_counter()
