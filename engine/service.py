@@ -324,18 +324,20 @@ class DFlashEngine:
         t_decode = time.perf_counter()
         finished = matcher.check([first]) is not None
         first_text = text.push([first])
-        try:
-            yield TokenEvent((first,), first_text, None, self._logprobs(session.first_logprobs))
-        finally:  # also when the consumer stops right after the first token
-            for state in deferred:
-                assert cache is not None
-                cache.publish(self.cache_key, state)
         if controller is not None and prepared is not None:
             prepared.result()  # done by now: it ran beside the prefill
             # The first token may already open a span (`<tool_call>`, `<think>`, `{`).
             controller.observe_prefix(first_text or self.decode([first]))
             decision = controller.start(len(prompt), block_size)
             mode, block_size = decision.mode, decision.block_size
+        if not finished:
+            self._prepare_next(session, request, mode, block_size, schedule, matcher, 0)
+        try:
+            yield TokenEvent((first,), first_text, None, self._logprobs(session.first_logprobs))
+        finally:  # also when the consumer stops right after the first token
+            for state in deferred:
+                assert cache is not None
+                cache.publish(self.cache_key, state)
         reason: str | None = None
         try:
             while not finished and not text.stopped:
@@ -355,11 +357,10 @@ class DFlashEngine:
                 if controller is not None:
                     decision = controller.after_step(step.record, step.tokens, delta)
                     mode, block_size = decision.mode, decision.block_size
-                if not finished and not text.stopped and self.drafter is not None:
-                    # The next spec cycle's draft starts before this event goes out, so the
-                    # drafter computes while the consumer handles the event.
-                    if request.mode_plan.get(len(cycles), mode) == "spec":
-                        session.prepare_draft(min(_block(schedule, block_size), matcher.remaining))
+                if not finished and not text.stopped:
+                    self._prepare_next(
+                        session, request, mode, block_size, schedule, matcher, len(cycles)
+                    )
                 yield TokenEvent(
                     tuple(step.tokens), delta, step.record, self._logprobs(step.logprobs)
                 )
@@ -398,6 +399,21 @@ class DFlashEngine:
             # at the FinishEvent.
             if controller is not None:
                 controller.finish(stats)
+
+    def _prepare_next(
+        self,
+        session: GenerationSession,
+        request: GenerationRequest,
+        mode: Mode,
+        block_size: int,
+        schedule: DraftLengthSchedule | None,
+        matcher: StopMatcher,
+        step: int,
+    ) -> None:
+        """Start the next step's device work before the event goes out, so it computes while
+        the consumer handles the event (`GenerationSession.prepare`)."""
+        mode = request.mode_plan.get(step, mode) if self.drafter is not None else "ar"
+        session.prepare(mode, min(_block(schedule, block_size), matcher.remaining))
 
     def _prepare(
         self, controller: ModeController, prompt_tokens: int, block_size: int

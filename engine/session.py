@@ -100,7 +100,7 @@ class GenerationSession:
         # step that queued it ended.
         self._ahead: _QueuedStep | None = None
         self._ahead_since: float | None = None
-        # The next spec cycle's draft, started early (`prepare_draft`): (block size, proposal).
+        # The next spec cycle's draft, started early (`prepare`): (block size, proposal).
         self._prepared: tuple[int, Proposal] | None = None
 
     @property
@@ -234,14 +234,23 @@ class GenerationSession:
         self._prepared = None
         return self._ar_step(stop_check, lookahead)
 
-    def prepare_draft(self, block_size: int) -> None:
-        """Start the next spec cycle's draft on the device now, so it computes while the caller
-        finishes its work for this step (detokenizing, handing the event on). A spec step at
-        `block_size` takes it; any other step drops it (drafting has no effect on the target
-        cache, and the features it absorbed belong to the drafter context either way)."""
-        if self.draft_ctx is None or block_size <= 1 or self._ahead is not None:
+    def prepare(self, mode: Mode, block_size: int) -> None:
+        """Start the next step's device work now, so it computes while the caller finishes its
+        work for this one (detokenizing, handing the event on): a spec cycle's draft, or an AR
+        step's forward (after an AR step with `lookahead` that is queued already). A spec step
+        at `block_size` takes the draft, any other step drops it (drafting has no effect on the
+        target cache; the features it absorbed belong to the drafter context either way); an
+        AR step takes the forward, any other step undoes it (`drain`)."""
+        if self._ahead is not None:
             return
-        self._prepared = (block_size, self._propose(block_size))
+        if mode == "spec" and self.draft_ctx is not None and block_size > 1:
+            self._prepared = (block_size, self._propose(block_size))
+        elif mode == "ar":
+            queued = self._queue_ar(mx.array(self.staged), 0)
+            if queued.choice is None:  # the chooser needs the host: nothing ran yet
+                self.target.rollback(self.cache, queued.result, 0)
+                return
+            self._ahead, self._ahead_since = queued, time.perf_counter()
 
     def _propose(self, block_size: int) -> Proposal:
         """The cycle's proposal, its evaluation started: tokens a constraint forces (no drafter

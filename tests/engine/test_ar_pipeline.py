@@ -173,8 +173,8 @@ def test_engine_generate_pipelined_equals_step_by_step(pair: Any) -> None:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_prepared_drafts_taken_or_dropped_stay_lossless(pair: Any, seed: int) -> None:
-    """A draft started early (`prepare_draft`) is taken by a spec step at its block and dropped
-    by anything else (another block, an AR step): the output stays plain AR's."""
+    """Work started early (`prepare`: a draft, or an AR forward) is taken by a step of its kind
+    and dropped or undone by anything else: the output stays plain AR's."""
     target, drafter = pair
     rng = random.Random(seed)
     reference = decode(target, drafter, ["ar"] * (N_OUT * 8), lookahead=False)
@@ -184,7 +184,7 @@ def test_prepared_drafts_taken_or_dropped_stay_lossless(pair: Any, seed: int) ->
         mode: Mode = rng.choice(["spec", "spec", "ar"])  # type: ignore[assignment]
         block = rng.choice([4, 8])
         if rng.random() < 0.7:
-            session.prepare_draft(rng.choice([block, 4, 8]))
+            session.prepare(rng.choice([mode, "ar", "spec"]), rng.choice([block, 4, 8]))
         session.step(mode, block, never, lookahead=mode == "ar" and rng.random() < 0.5)
     session.drain()
     assert session.tokens == reference.tokens[: len(session.tokens)]
