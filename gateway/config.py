@@ -66,7 +66,8 @@ class GatewayConfig:
         64, "deepest nesting of arrays and objects in a request body (400 past it)"
     )
     template_kwargs: tuple[str, ...] = _flag(
-        ("enable_thinking", "reasoning_effort"),
+        # tool_call_format: the embedded models' template switch (hermes or qwen3_coder).
+        ("enable_thinking", "reasoning_effort", "tool_call_format"),
         "chat_template_kwargs keys a client may set, comma-separated (others are a 400)",
     )
     max_template_kwarg_chars: int = _flag(
