@@ -102,6 +102,9 @@ class GenerationSession:
         self._ahead_since: float | None = None
         # The next spec cycle's draft, started early (`prepare`): (block size, proposal).
         self._prepared: tuple[int, Proposal] | None = None
+        # Set once the chooser needed the host to choose (its processors stay for the request):
+        # then no AR forward is queued ahead only to be undone.
+        self._host_choice = False
 
     @property
     def staged(self) -> int:
@@ -245,7 +248,7 @@ class GenerationSession:
             return
         if mode == "spec" and self.draft_ctx is not None and block_size > 1:
             self._prepared = (block_size, self._propose(block_size))
-        elif mode == "ar":
+        elif mode == "ar" and not self._host_choice:
             queued = self._queue_ar(mx.array(self.staged), 0)
             if queued.choice is None:  # the chooser needs the host: nothing ran yet
                 self.target.rollback(self.cache, queued.result, 0)
@@ -277,6 +280,7 @@ class GenerationSession:
             token.reshape(1, 1), self.cache, self.capture, position_shift=self.position_shift
         )
         choice = self.chooser.choice_ahead(res.logits[0, -1], ahead)
+        self._host_choice = choice is None
         if choice is not None:
             # Only the choice: the captured layer outputs are computed on its way and kept
             # (their concatenation for the drafter waits until speculation absorbs them).
