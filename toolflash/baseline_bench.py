@@ -20,9 +20,11 @@ from __future__ import annotations
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from tqdm import tqdm
 
 from toolflash.bench import BenchPrompt, machine_info
 from toolflash.engine.api import (
@@ -224,13 +226,18 @@ def run_comparison(
     outputs_of: dict[int, list[int]] = {}  # a baseline output per case, for the phase split
     total = repeats * len(stops) * len(cases) * len(variants)
     t0 = time.perf_counter()
-    with _progress(total, progress) as tick:
+    with tqdm(
+        total=total, file=sys.stderr, unit="run", desc="bench vs mlx-lm", disable=not progress
+    ) as bar:
         for rep in range(repeats):
             for stop in stops:
                 for case in cases:
                     order = list(variants)
                     rng.shuffle(order)
-                    outputs = {v: runner.run(v, case, stop) for v in _ticking(order, tick)}
+                    outputs = {}
+                    for v in order:
+                        outputs[v] = runner.run(v, case, stop)
+                        bar.update()
                     base = outputs[BASELINE].tokens
                     outputs_of[case.index] = base
                     for v, t in outputs.items():
@@ -302,30 +309,6 @@ def calibrated_policies(engine: Any, progress: bool = True) -> Callable[[], Any]
         return policy
 
     return fresh
-
-
-def _ticking(items: Sequence[str], tick: Callable[[], None]) -> Iterator[str]:
-    for item in items:
-        yield item
-        tick()
-
-
-class _progress:
-    """A tqdm bar on stderr (or nothing), as a context manager yielding a tick function."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.bar: Any = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, file=sys.stderr, unit="run", desc="bench vs mlx-lm")
-
-    def __enter__(self) -> Callable[[], None]:
-        return (lambda: self.bar.update(1)) if self.bar is not None else (lambda: None)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _report(
