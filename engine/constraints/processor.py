@@ -139,7 +139,9 @@ class GrammarProcessor:
                 if not bits.any():
                     break
                 row = np.full(width, -np.inf, dtype=np.float32)
-                row[: bits.shape[0]] = np.where(bits.astype(bool), scores[i, : bits.shape[0]], -np.inf)
+                row[: bits.shape[0]] = np.where(
+                    bits.astype(bool), scores[i, : bits.shape[0]], -np.inf
+                )
                 tok = int(np.argmax(row))
                 if tok in self.eos_ids or m.try_consume_tokens([tok]) != 1:
                     out.append(tok)  # an allowed EOS ends the draft (not consumed)
