@@ -10,7 +10,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-Mode = Literal["spec", "ar"]
+# "spec": DFlash cycles (the drafter's block, verified by the target); "ar": one target step per
+# token; "lookup": cycles whose draft is the continuation of an earlier occurrence of the output's
+# suffix in the prompt + output (engine/lookup.py), an AR step where there is none.
+Mode = Literal["spec", "ar", "lookup"]
 # Whether a speculative cycle may draft less than the block (engine/draft_length.py).
 DraftLength = Literal["adaptive", "fixed"]
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -251,7 +254,9 @@ class GenerationStats:
 
     @property
     def spec_cycles(self) -> int:
-        return sum(1 for c in self.cycles if c.mode == "spec")
+        """Speculative cycles: a drafter's or lookup's block verified (not AR steps, nor lookup
+        steps that found no match)."""
+        return sum(1 for c in self.cycles if _speculative(c))
 
     @property
     def drafted(self) -> int:
@@ -264,7 +269,7 @@ class GenerationStats:
     @property
     def tokens_per_cycle(self) -> float:
         """Committed tokens per speculative cycle (tau); 0.0 when no spec cycle ran."""
-        spec = [c for c in self.cycles if c.mode == "spec"]
+        spec = [c for c in self.cycles if _speculative(c)]
         if not spec:
             return 0.0
         return sum(c.committed for c in spec) / len(spec)
@@ -283,6 +288,10 @@ class FinishEvent:
 
 
 EngineEvent = TokenEvent | FinishEvent
+
+
+def _speculative(cycle: CycleRecord) -> bool:
+    return cycle.mode != "ar" and cycle.block_size > 1
 
 
 @dataclass(frozen=True)

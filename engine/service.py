@@ -35,6 +35,7 @@ from .choosers import build_chooser
 from .draft_context import DraftWindow
 from .draft_length import DraftLengthSchedule
 from .drafter import DFlashDrafter
+from .lookup import LookupConfig
 from .sampling.logprobs import RawLogprob
 from .session import GenerationSession
 from .stops import StopMatcher, visible_text
@@ -56,6 +57,7 @@ class EngineOptions:
     window: DraftWindow = DraftWindow()
     prefill_chunk: int = 512
     context_length: int | None = None
+    lookup: LookupConfig = LookupConfig()
 
 
 class DFlashEngine:
@@ -149,7 +151,9 @@ class DFlashEngine:
     def default_block_size(self) -> int:
         if self.options.block_size:
             return self.options.block_size
-        return self.drafter.config.block_size if self.drafter is not None else 1
+        if self.drafter is not None:
+            return self.drafter.config.block_size
+        return self.options.lookup.block_size  # only lookup cycles draft without a drafter
 
     # -- tokenization --------------------------------------------------------------------
     def _render(
@@ -271,7 +275,7 @@ class DFlashEngine:
         if not prompt or len(prompt) >= self.context_length:
             raise ContextLengthError(len(prompt), request.max_tokens, self.context_length)
         max_tokens = min(request.max_tokens, self.context_length - len(prompt))
-        mode: Mode = request.mode if self.drafter is not None else "ar"
+        mode = self._runnable(request.mode)
         block_size = request.block_size or self.default_block_size
         # The block (the policy's, else the request's or engine's) is the largest a cycle
         # drafts; the adaptive draft length shortens it after rejected drafts.
@@ -287,6 +291,7 @@ class DFlashEngine:
             prefill_chunk=self.options.prefill_chunk,
             chooser=build_chooser(request, self.target.vocab_size, self.tokenizer),
             logprobs=request.logprobs,
+            lookup=self.options.lookup,
         )
         eos_ids = frozenset() if request.ignore_eos else self.eos_ids
         matcher = StopMatcher(
@@ -344,7 +349,7 @@ class DFlashEngine:
                 if cancel is not None and cancel.is_set():
                     reason = "cancelled"
                     break
-                mode = request.mode_plan.get(len(cycles), mode) if self.drafter else "ar"
+                mode = self._runnable(request.mode_plan.get(len(cycles), mode))
                 block = min(_block(schedule, block_size), matcher.remaining)
                 # An AR step queues the next one's forward unless this must be the last.
                 lookahead = mode == "ar" and matcher.remaining > 1
@@ -412,8 +417,12 @@ class DFlashEngine:
     ) -> None:
         """Start the next step's device work before the event goes out, so it computes while
         the consumer handles the event (`GenerationSession.prepare`)."""
-        mode = request.mode_plan.get(step, mode) if self.drafter is not None else "ar"
+        mode = self._runnable(request.mode_plan.get(step, mode))
         session.prepare(mode, min(_block(schedule, block_size), matcher.remaining))
+
+    def _runnable(self, mode: Mode) -> Mode:
+        """`mode`, or AR for spec without a drafter (lookup needs none)."""
+        return "ar" if mode == "spec" and self.drafter is None else mode
 
     def _prepare(
         self, controller: ModeController, prompt_tokens: int, block_size: int
