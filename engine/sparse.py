@@ -13,6 +13,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 Lineage = Literal["dense", "sparse"]
+# How the chunks beyond the structural rules are ranked (`toolflash.engine.sparse_scoring`):
+# "recent" keeps the prompt's head and its latest chunks only; "structural" adds the rules
+# (tool definitions, the last turn) and fills by recency; "similarity" adds the rules and fills
+# by how close a chunk's mean input embedding is to the last turn's.
+ScorerName = Literal["recent", "structural", "similarity"]
+SCORERS: tuple[ScorerName, ...] = ("recent", "structural", "similarity")
 
 
 class SparseLineageError(RuntimeError):
@@ -21,6 +27,26 @@ class SparseLineageError(RuntimeError):
 
 class SparseSelectionError(ValueError):
     """A sparse selection that is not a list of whole, ordered chunks ending at the prompt end."""
+
+
+@dataclass(frozen=True)
+class SparsePrefill:
+    """A request's opt-in sparse prefill: compute about `keep` of the prompt's tokens (chunks
+    of `chunk` tokens chosen by `scorer`), only when at least `min_tokens` prompt tokens are
+    left to compute after the prefix cache; shorter prompts prefill dense."""
+
+    keep: float
+    min_tokens: int = 4096
+    chunk: int = 64
+    scorer: ScorerName = "structural"
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.keep <= 1.0:
+            raise ValueError(f"sparse prefill keep must be in (0, 1], got {self.keep}")
+        if self.chunk < 1 or self.min_tokens < 0:
+            raise ValueError("sparse prefill chunk must be >= 1 and min_tokens >= 0")
+        if self.scorer not in SCORERS:
+            raise ValueError(f"sparse prefill scorer must be one of {', '.join(SCORERS)}")
 
 
 @dataclass(frozen=True)
@@ -54,10 +80,7 @@ class SparseSelection:
             prev_end = hi
         if self.ranges[-1][1] != prompt_len:
             raise SparseSelectionError("the last range must end at the end of the prompt")
-        first_gap = next(
-            (hi for (_, hi), (lo2, _) in zip(self.ranges, self.ranges[1:]) if lo2 > hi),
-            self.ranges[0][0] if self.ranges[0][0] > 0 else prompt_len,
-        )
+        first_gap = self.first_gap(prompt_len)
         if dense_prefix > first_gap:
             raise SparseSelectionError(
                 f"a dense prefix of {dense_prefix} tokens reaches past the first dropped "
@@ -69,3 +92,18 @@ class SparseSelection:
             if lo < hi:
                 out.append((lo, hi))
         return out
+
+    def first_gap(self, prompt_len: int) -> int:
+        """The first dropped position (`prompt_len` when nothing is dropped): everything
+        before it is computed exactly as a dense prefill would."""
+        if self.ranges[0][0] > 0:
+            return 0
+        return next(
+            (hi for (_, hi), (lo2, _) in zip(self.ranges, self.ranges[1:]) if lo2 > hi),
+            prompt_len,
+        )
+
+    @property
+    def kept(self) -> int:
+        """Prompt tokens the selection keeps."""
+        return sum(hi - lo for lo, hi in self.ranges)

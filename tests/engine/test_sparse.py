@@ -115,3 +115,28 @@ def test_dense_prefix_may_seed_a_sparse_session(pair: Any) -> None:
 def test_bad_selections_are_refused(ranges: Any, match: str) -> None:
     with pytest.raises(SparseSelectionError, match=match):
         SparseSelection(ranges, chunk=16).validate(80)
+
+
+def test_dense_head_of_a_sparse_prefill_is_published_as_dense(pair: Any) -> None:
+    """Positions before the first dropped chunk are an ordinary dense prefill: a state
+    published there equals a dense session's at the same prefix (and is reusable by it);
+    positions after it are never published."""
+    target, drafter = pair
+    selection = SparseSelection(((0, 32), (48, 80)), chunk=16)
+    published: list[Any] = []
+    s = GenerationSession(target, drafter, prefill_chunk=16)
+    s.sparse_prefill(PROMPT, selection, publish_at=(16, 32, 64), publish=published.append)
+    assert [len(p.tokens) for p in published] == [16, 32]
+    assert s.lineage == "sparse" and s.computed_prompt_tokens == 64
+    dense = GenerationSession(target, drafter, prefill_chunk=16)
+    dense.prefill(PROMPT[:32])
+    want = dense.export_state()
+    assert published[1].tokens == want.tokens
+    assert mx.allclose(published[1].last_logits, want.last_logits, atol=1e-5).item()
+    # A dense request restoring it decodes exactly as a cold dense one.
+    cold = GenerationSession(target, drafter, prefill_chunk=16)
+    cold.prefill(PROMPT)
+    warm = GenerationSession(target, drafter, prefill_chunk=16)
+    warm.prefill(PROMPT, restore=published[1])
+    assert warm.computed_prompt_tokens == len(PROMPT) - 32
+    assert decode(warm, "spec") == decode(cold, "spec")
