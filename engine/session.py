@@ -28,6 +28,7 @@ from .api import CycleRecord, Mode
 from .draft_context import DraftContext, DraftWindow
 from .drafter import DFlashDrafter
 from .host import host_int
+from .lookup import LookupConfig, NgramIndex
 from .sampling.logprobs import RawLogprob, token_logprobs
 from .selection import GreedyChooser, Proposal, TokenChooser
 from .sparse import Lineage, SparseLineageError, SparseSelection
@@ -71,6 +72,7 @@ class GenerationSession:
         chooser: TokenChooser | None = None,
         logprobs: int | None = None,
         ar_forced_limit: int = 15,
+        lookup: LookupConfig = LookupConfig(),
     ):
         self.target = target
         self.drafter = drafter
@@ -88,6 +90,9 @@ class GenerationSession:
         # block); 0 decodes forced tokens one step each, as AR did before jump-forward.
         self.ar_forced_limit = ar_forced_limit
         self.tokens: list[int] = []
+        # Built on the first lookup step (a request that never drafts by lookup indexes nothing).
+        self.lookup_config = lookup
+        self._lookup: NgramIndex | None = None
         self.fed = 0
         self.cycles = 0
         self.last_logits: mx.array | None = None  # target logits at the last fed position
@@ -102,8 +107,8 @@ class GenerationSession:
         # step that queued it ended.
         self._ahead: _QueuedStep | None = None
         self._ahead_since: float | None = None
-        # The next spec cycle's draft, started early (`prepare`): (block size, proposal).
-        self._prepared: tuple[int, Proposal] | None = None
+        # The next cycle's draft, started early (`prepare`): (mode, block size, proposal).
+        self._prepared: tuple[Mode, int, Proposal] | None = None
         # Set once the chooser needed the host to choose (its processors stay for the request):
         # then no AR forward is queued ahead only to be undone.
         self._host_choice = False
@@ -249,7 +254,9 @@ class GenerationSession:
     def step(
         self, mode: Mode, block_size: int, stop_check: StopCheck, lookahead: bool = False
     ) -> StepResult:
-        """Advance by one speculative cycle (`spec`) or one target-only step (`ar`).
+        """Advance by one speculative cycle (`spec`: the drafter's block; `lookup`: the
+        continuation of the suffix's latest earlier occurrence, an AR step where there is
+        none) or one target-only step (`ar`).
 
         `lookahead` (AR): queue the next AR step's forward on the device before this step's
         token is read, as mlx-lm's `generate_step` does, so the next step's compute overlaps
@@ -259,8 +266,17 @@ class GenerationSession:
         if mode == "spec" and self.draft_ctx is not None and block_size > 1:
             self.drain()
             return self._spec_cycle(block_size, stop_check)
+        if mode == "lookup" and block_size > 1 and self._ahead is None:
+            t0 = time.perf_counter()
+            proposal = self._take_prepared("lookup", block_size) or self._lookup_proposal(
+                block_size
+            )
+            if proposal is not None:
+                return self._verify_cycle("lookup", proposal, block_size, stop_check, t0)
+            # No earlier occurrence of the suffix: this step is an AR step, counted as lookup's.
+            return self._ar_step(stop_check, False, "lookup")
         self._prepared = None
-        return self._ar_step(stop_check, lookahead)
+        return self._ar_step(stop_check, lookahead, "lookup" if mode == "lookup" else "ar")
 
     def prepare(self, mode: Mode, block_size: int) -> None:
         """Start the next step's device work now, so it computes while the caller finishes its
@@ -272,13 +288,38 @@ class GenerationSession:
         if self._ahead is not None:
             return
         if mode == "spec" and self.draft_ctx is not None and block_size > 1:
-            self._prepared = (block_size, self._propose(block_size))
-        elif mode == "ar" and not self._host_choice:
+            self._prepared = ("spec", block_size, self._propose(block_size))
+            return
+        if mode == "lookup" and block_size > 1:
+            proposal = self._lookup_proposal(block_size)
+            if proposal is not None:
+                self._prepared = ("lookup", block_size, proposal)
+                return
+        if mode != "spec" and not self._host_choice:
             queued = self._queue_ar(mx.array(self.staged), 0)
             if queued.choice is None:  # the chooser needs the host: nothing ran yet
                 self.target.rollback(self.cache, queued.result, 0)
                 return
             self._ahead, self._ahead_since = queued, time.perf_counter()
+
+    def _take_prepared(self, mode: Mode, block_size: int) -> Proposal | None:
+        """The draft `prepare` started for a `mode` cycle at `block_size` (else None; any
+        other prepared draft is dropped)."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared[:2] == (mode, block_size):
+            return prepared[2]
+        return None
+
+    def _lookup_proposal(self, block_size: int) -> Proposal | None:
+        """Tokens a constraint forces, else the continuation of the suffix's latest earlier
+        occurrence (`NgramIndex`), else None."""
+        proposal = self.chooser.forced(block_size - 1)
+        if proposal is not None:
+            return proposal
+        if self._lookup is None:
+            self._lookup = NgramIndex(self.lookup_config)
+        tokens = self._lookup.propose(self.tokens, block_size - 1)
+        return Proposal(mx.array(tokens, dtype=mx.int32)) if tokens else None
 
     def _propose(self, block_size: int) -> Proposal:
         """The cycle's proposal, its evaluation started: tokens a constraint forces (no drafter
@@ -312,7 +353,9 @@ class GenerationSession:
             mx.async_eval(choice)
         return _QueuedStep(res, choice)
 
-    def _ar_step(self, stop_check: StopCheck, lookahead: bool = False) -> StepResult:
+    def _ar_step(
+        self, stop_check: StopCheck, lookahead: bool = False, mode: Mode = "ar"
+    ) -> StepResult:
         t0 = time.perf_counter()
         current = self._ahead
         if current is None:
@@ -322,7 +365,7 @@ class GenerationSession:
                     return self._ar_forced_run(proposal, stop_check, t0)
             current = self._queue_ar(mx.array(self.staged), 0)
             if current.choice is None:
-                return self._ar_step_on_host(current.result, stop_check, t0)
+                return self._ar_step_on_host(current.result, stop_check, t0, mode)
         choice = current.choice
         assert choice is not None
         # The next step's forward goes in before this token is read: its input is the
@@ -342,9 +385,11 @@ class GenerationSession:
         if end is not None:
             self.drain()
         logprobs = self._logprobs(self.last_logits[None], [token])
-        return self._finish_step("ar", 1, 0, 0, [token], end, 0.0, verify_s, 0.0, logprobs)
+        return self._finish_step(mode, 1, 0, 0, [token], end, 0.0, verify_s, 0.0, logprobs)
 
-    def _ar_step_on_host(self, res: ForwardResult, stop_check: StopCheck, t0: float) -> StepResult:
+    def _ar_step_on_host(
+        self, res: ForwardResult, stop_check: StopCheck, t0: float, mode: Mode = "ar"
+    ) -> StepResult:
         """An AR step whose choice needs the host (processors that follow the output)."""
         self.last_logits = res.logits[0, -1]
         if self.draft_ctx is not None and res.features is not None:
@@ -354,7 +399,7 @@ class GenerationSession:
         t1 = time.perf_counter()
         end = self._commit_ar(token, stop_check)
         logprobs = self._logprobs(self.last_logits[None], [token])
-        return self._finish_step("ar", 1, 0, 0, [token], end, 0.0, t1 - t0, 0.0, logprobs)
+        return self._finish_step(mode, 1, 0, 0, [token], end, 0.0, t1 - t0, 0.0, logprobs)
 
     def _commit_ar(self, token: int, stop_check: StopCheck) -> int | None:
         """Commit one AR token (the staged one is now fed); the stop check's verdict."""
@@ -389,11 +434,14 @@ class GenerationSession:
 
     def _spec_cycle(self, block_size: int, stop_check: StopCheck) -> StepResult:
         t0 = time.perf_counter()
-        prepared, self._prepared = self._prepared, None
-        if prepared is not None and prepared[0] == block_size:
-            proposal = prepared[1]
-        else:
-            proposal = self._propose(block_size)
+        proposal = self._take_prepared("spec", block_size) or self._propose(block_size)
+        return self._verify_cycle("spec", proposal, block_size, stop_check, t0)
+
+    def _verify_cycle(
+        self, mode: Mode, proposal: Proposal, block_size: int, stop_check: StopCheck, t0: float
+    ) -> StepResult:
+        """Verify `proposal` after the staged token in one target forward and commit what the
+        chooser accepts (`t0`: when the cycle's drafting began)."""
         draft = proposal.tokens
         # MLX evaluates on its own thread: the drafter computes while Python builds the
         # verify forward's graph on the still-lazy draft, and the verify runs straight after
@@ -416,7 +464,7 @@ class GenerationSession:
         # Row i of the verify logits scored committed[i] (the same row an AR step would use).
         logprobs = self._logprobs(res.logits[0], committed)
         return self._finish_step(
-            "spec",
+            mode,
             drafted + 1,
             drafted,
             accepted,
@@ -427,7 +475,9 @@ class GenerationSession:
             t3 - t2,
             logprobs,
             forced=drafted if proposal.forced else 0,
-            draft_cut=not proposal.forced and drafted < block_size - 1,
+            # A drafter's draft shorter than the block was cut by the grammar; a lookup
+            # continuation is as long as the match gives.
+            draft_cut=mode == "spec" and not proposal.forced and drafted < block_size - 1,
         )
 
     def _feed_block(self, tail: mx.array) -> ForwardResult:
