@@ -37,7 +37,7 @@ from .draft_length import DraftLengthSchedule
 from .drafter import DFlashDrafter
 from .lookup import LookupConfig
 from .sampling.logprobs import RawLogprob
-from .session import GenerationSession
+from .session import PREFILL_CHUNK, GenerationSession
 from .stops import StopMatcher, visible_text
 from .targets.base import TargetAdapter
 
@@ -55,7 +55,7 @@ class EngineOptions:
     block_size: int | None = None
     draft_length: DraftLength = "adaptive"
     window: DraftWindow = DraftWindow()
-    prefill_chunk: int = 512
+    prefill_chunk: int = PREFILL_CHUNK
     context_length: int | None = None
     lookup: LookupConfig = LookupConfig()
 

@@ -39,6 +39,8 @@ from .targets.base import ForwardResult, TargetAdapter, cache_offset
 StopCheck = Callable[[Sequence[int]], "int | None"]
 # The drafter's logits [1, block_size - 1, V] for block positions 1..L-1 in the current state.
 Proposer = Callable[["GenerationSession", int], mx.array]
+# Prompt tokens per prefill forward (EngineOptions.prefill_chunk takes this as its default).
+PREFILL_CHUNK = 512
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class GenerationSession:
         target: TargetAdapter,
         drafter: DFlashDrafter | None = None,
         window: DraftWindow | None = None,
-        prefill_chunk: int = 512,
+        prefill_chunk: int = PREFILL_CHUNK,
         proposer: Proposer | None = None,
         chooser: TokenChooser | None = None,
         logprobs: int | None = None,
