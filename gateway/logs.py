@@ -29,11 +29,11 @@ _STOP = object()
 class LogWriter:
     """Renders queued event dicts and writes them to `stream`, on its own thread."""
 
-    def __init__(self, render: Render, stream: TextIO, max_queue: int = 10_000) -> None:
+    def __init__(self, render: Render, stream: TextIO, max_lines: int = 10_000) -> None:
         self.render = render
         self.stream = stream
         self.dropped = 0
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_lines)
         self._thread = threading.Thread(target=self._run, name="toolflash-logs", daemon=True)
         self._thread.start()
 
@@ -98,16 +98,19 @@ def configure_logging(
     *, json_lines: bool = True, level: str = "info", stream: TextIO | None = None
 ) -> LogWriter:
     """Configure structlog process-wide (called by `toolflash serve` and the CLI, never at
-    import); lines go to `stream` (default: stderr). Returns the writer (tests flush it)."""
+    import); lines go to `stream` (default: stderr). Console lines carry ANSI colours only when
+    the stream is a terminal (a file, journald or a CI log gets plain text). Returns the writer
+    (tests flush it)."""
     global _writer
+    out = stream or sys.stderr
     renderer: Render = (
         structlog.processors.JSONRenderer()  # type: ignore[assignment]
         if json_lines
-        else structlog.dev.ConsoleRenderer()
+        else structlog.dev.ConsoleRenderer(colors=is_terminal(out))
     )
     if _writer is not None:
         _writer.close()
-    writer = _writer = LogWriter(renderer, stream or sys.stderr)
+    writer = _writer = LogWriter(renderer, out)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -122,6 +125,14 @@ def configure_logging(
         cache_logger_on_first_use=True,
     )
     return writer
+
+
+def is_terminal(stream: TextIO) -> bool:
+    """Whether `stream` is an interactive terminal (closed or odd streams are not)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def flush_logs(timeout: float = 2.0) -> None:

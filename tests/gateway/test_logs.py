@@ -56,7 +56,7 @@ def test_full_queue_drops_and_counts_instead_of_blocking() -> None:
         gate.wait(5)
         return json.dumps(event)
 
-    writer = LogWriter(slow, out, max_queue=2)
+    writer = LogWriter(slow, out, max_lines=2)
     for i in range(10):
         writer.put({"event": "x", "i": i})
     assert writer.dropped >= 7
@@ -78,3 +78,19 @@ def test_a_line_that_fails_to_render_does_not_stop_the_writer() -> None:
     writer.put({"event": "good"})
     writer.close()
     assert [json.loads(x)["event"] for x in out.getvalue().splitlines()] == ["good"]
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_console_lines_are_coloured_only_on_a_terminal() -> None:
+    """A file, journald or a CI log gets plain text; a terminal gets colours."""
+    for stream, coloured in ((io.StringIO(), False), (_Tty(), True)):
+        writer = configure_logging(json_lines=False, level="info", stream=stream)
+        structlog.get_logger("test").info("engine_ready", model="m")
+        writer.flush()
+        line = stream.getvalue()
+        assert "engine_ready" in line and "model" in line
+        assert ("\x1b[" in line) is coloured, repr(line)
