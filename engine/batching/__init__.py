@@ -1,0 +1,1 @@
+"""Continuous batching of concurrent requests (`EngineBatcher`), one lane per request."""

@@ -1,0 +1,181 @@
+"""Continuous batching (`EngineBatcher`): every sequence in a batch gets exactly the events it
+gets alone, whichever step it joins or leaves at, in both target families."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import pytest
+
+from toolflash.engine.api import (
+    ContextLengthError,
+    FinishEvent,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+)
+from toolflash.engine.batching.batcher import EngineBatcher, decode_rule
+from toolflash.engine.factory import build_engine
+
+from .model_dirs import write_draft, write_qwen3_target, write_qwen35_target
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen35"])
+def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    root = tmp_path_factory.mktemp(f"models_{request.param}")
+    write = write_qwen3_target if request.param == "qwen3" else write_qwen35_target
+    config = write(root / "target")
+    write_draft(root / "draft", config)
+    eng = build_engine(str(root / "target"), str(root / "draft"))
+    # Small prefill chunks: prompts take several scheduler steps to prefill.
+    eng.options = type(eng.options)(**{**eng.options.__dict__, "prefill_chunk": 8})
+    return eng
+
+
+class Run:
+    """Tokens, text and finish per key, from a batcher driven step by step."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[Hashable, list[int]] = {}
+        self.text: dict[Hashable, str] = {}
+        self.finish: dict[Hashable, FinishEvent] = {}
+        self.errors: dict[Hashable, BaseException] = {}
+
+    def take(self, results: Sequence[tuple[Hashable, Any]]) -> None:
+        for key, events in results:
+            if isinstance(events, BaseException):
+                self.errors[key] = events
+                continue
+            for event in events:
+                if isinstance(event, TokenEvent):
+                    self.tokens.setdefault(key, []).extend(event.token_ids)
+                    self.text[key] = self.text.get(key, "") + event.text
+                else:
+                    assert key not in self.finish
+                    self.finish[key] = event
+
+
+def alone(engine: Any, request: GenerationRequest) -> tuple[list[int], str, str]:
+    tokens: list[int] = []
+    text = ""
+    reason = ""
+    for event in engine.generate(request):
+        if isinstance(event, TokenEvent):
+            tokens.extend(event.token_ids)
+            text += event.text
+        else:
+            reason = event.finish_reason
+    return tokens, text, reason
+
+
+def drive(
+    batcher: EngineBatcher, arrivals: dict[int, list[tuple[Hashable, GenerationRequest]]]
+) -> Run:
+    """Add requests at the steps named in `arrivals`; step until every one has finished."""
+    run = Run()
+    step = 0
+    pending = sum(len(v) for v in arrivals.values())
+    while step <= max(arrivals) or batcher.size:
+        for key, request in arrivals.get(step, []):
+            batcher.add(key, request)
+        run.take(batcher.step())
+        step += 1
+        assert step < 2000
+    assert len(run.finish) + len(run.errors) == pending
+    return run
+
+
+def prompts(engine: Any, n: int) -> list[tuple[int, ...]]:
+    texts = ["def add(a, b):", "Hello world, this is", "import os\nimport sys", "x = [1, 2"]
+    return [
+        tuple(engine.encode(texts[i % 4] + " " * (i // 4) + str(i) * (1 + i % 3))) for i in range(n)
+    ]
+
+
+def test_decode_rule() -> None:
+    assert decode_rule(1) == "solo"
+    assert decode_rule(2) == decode_rule(8) == "batched_ar"
+
+
+@pytest.mark.parametrize("offsets", [(0, 0, 0, 0), (0, 1, 3, 7), (0, 5, 2, 11)])
+def test_batched_greedy_equals_alone(engine: Any, offsets: tuple[int, ...]) -> None:
+    """Joining at every step position (mid-prefill, mid-decode, mid-spec), leaving at
+    different lengths: each sequence's tokens and text are those it produces alone."""
+    batcher = EngineBatcher(engine)
+    reqs = [
+        GenerationRequest(p, 12 + 7 * i, mode="spec" if i % 2 == 0 else "ar")
+        for i, p in enumerate(prompts(engine, len(offsets)))
+    ]
+    arrivals: dict[int, list[tuple[Hashable, GenerationRequest]]] = {}
+    for i, (off, req) in enumerate(zip(offsets, reqs)):
+        arrivals.setdefault(off, []).append((i, req))
+    run = drive(batcher, arrivals)
+    assert not run.errors
+    for i, req in enumerate(reqs):
+        tokens, text, reason = alone(engine, req)
+        assert run.tokens[i] == tokens, i
+        assert run.text[i] == text
+        assert run.finish[i].finish_reason == reason
+        assert run.finish[i].stats.completion_tokens == len(tokens)
+    assert batcher.rows.size == 0 and batcher.rows.layers is None
+
+
+def test_cancel_one_sequence_mid_batch(engine: Any) -> None:
+    batcher = EngineBatcher(engine)
+    ps = prompts(engine, 3)
+    cancel = threading.Event()
+    reqs = [GenerationRequest(p, 40, mode="ar", ignore_eos=True) for p in ps]
+    batcher.add(0, reqs[0])
+    batcher.add(1, reqs[1], cancel)
+    batcher.add(2, reqs[2])
+    run = Run()
+    steps = 0
+    while batcher.size:
+        run.take(batcher.step())
+        steps += 1
+        if len(run.tokens.get(1, [])) == 6:
+            cancel.set()
+    assert run.finish[1].finish_reason == "cancelled"
+    assert 6 <= len(run.tokens[1]) <= 7
+    for i in (0, 2):
+        assert run.tokens[i] == alone(engine, reqs[i])[0]
+        assert run.finish[i].finish_reason == "length"
+
+
+def test_stop_inside_one_sequence_while_others_continue(engine: Any) -> None:
+    ps = prompts(engine, 3)
+    full = alone(engine, GenerationRequest(ps[1], 30, mode="ar", ignore_eos=True))[1]
+    stop = full[8:11]
+    reqs = [
+        GenerationRequest(ps[0], 30, mode="ar", ignore_eos=True),
+        GenerationRequest(ps[1], 30, mode="ar", ignore_eos=True, stop_strings=(stop,)),
+        GenerationRequest(ps[2], 30, mode="spec", ignore_eos=True),
+    ]
+    run = drive(EngineBatcher(engine), {0: [(i, r) for i, r in enumerate(reqs)]})
+    assert run.text[1] == full[: full.find(stop)]
+    assert run.finish[1].finish_reason == "stop"
+    for i in (0, 2):
+        assert run.tokens[i] == alone(engine, reqs[i])[0]
+
+
+def test_sampled_and_logprobs_per_sequence(engine: Any) -> None:
+    ps = prompts(engine, 3)
+    sampled = SamplingParams(temperature=0.9, seed=7)
+    reqs = [
+        GenerationRequest(ps[0], 20, mode="ar", sampling=sampled, ignore_eos=True),
+        GenerationRequest(ps[1], 20, mode="ar", logprobs=2, ignore_eos=True),
+        GenerationRequest(ps[2], 20, mode="ar", ignore_eos=True),
+    ]
+    run = drive(EngineBatcher(engine), {0: [(i, r) for i, r in enumerate(reqs)]})
+    for i, req in enumerate(reqs):
+        assert run.tokens[i] == alone(engine, req)[0], i
+
+
+def test_refused_request_does_not_disturb_the_batch(engine: Any) -> None:
+    batcher = EngineBatcher(engine)
+    too_long = GenerationRequest(tuple([5] * (engine.context_length + 1)), 4)
+    with pytest.raises(ContextLengthError):
+        batcher.add("x", too_long)
+    assert batcher.size == 0
