@@ -10,6 +10,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from .sparse import SparsePrefill
+
 # "spec": DFlash cycles (the drafter's block, verified by the target); "ar": one target step per
 # token; "lookup": cycles whose draft is the continuation of an earlier occurrence of the output's
 # suffix in the prompt + output (engine/lookup.py), an AR step where there is none.
@@ -126,6 +128,9 @@ class GenerationRequest:
     # Log-probabilities of the emitted tokens: None off, n >= 0 with the n most likely
     # alternatives at each position (the target's raw distribution, see TokenLogprob).
     logprobs: int | None = None
+    # Opt-in positional sparse prefill (None: dense): compute only about `keep` of a long
+    # prompt's chunks, at their true positions; never reused as a dense state (engine/sparse.py).
+    sparse_prefill: SparsePrefill | None = None
 
 
 @dataclass(frozen=True)
@@ -243,6 +248,10 @@ class GenerationStats:
     decode_s: float
     cycles: tuple[CycleRecord, ...]
     constraint: ConstraintStats | None = None
+    # Prompt tokens the prefill computed (restored and dropped ones excluded), and whether it
+    # ran sparse (some prompt chunks never computed: `GenerationRequest.sparse_prefill`).
+    computed_tokens: int = 0
+    sparse: bool = False
 
     @property
     def modes(self) -> tuple[Mode, ...]:

@@ -3,6 +3,7 @@ turns committed tokens into text deltas (with stop strings cut exactly), and rep
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -38,6 +39,8 @@ from .drafter import DFlashDrafter
 from .lookup import LookupConfig
 from .sampling.logprobs import RawLogprob
 from .session import PREFILL_CHUNK, GenerationSession
+from .sparse import SparseSelection
+from .sparse_scoring import MESSAGE_START, plan_sparse, prompt_layout
 from .stops import StopMatcher, visible_text
 from .targets.base import TargetAdapter
 
@@ -317,14 +320,16 @@ class DFlashEngine:
         prepared = (
             self._prepare(controller, len(prompt), block_size) if controller is not None else None
         )
-        first = session.prefill(
-            prompt,
-            restore=hit.snapshot.state if hit is not None else None,
-            publish_at=request.publish_at if cache is not None else (),
-            publish=deferred.append if cache is not None else None,
-        )
+        restore = hit.snapshot.state if hit is not None else None
+        publish_at = request.publish_at if cache is not None else ()
+        publish = deferred.append if cache is not None else None
+        selection = self._sparse_selection(request, prompt, restored)
+        if selection is not None:
+            first = session.sparse_prefill(prompt, selection, restore, publish_at, publish)
+        else:
+            first = session.prefill(prompt, restore, publish_at, publish)
         if cache is not None:
-            cache.record_prefill(restored, len(prompt) - restored)
+            cache.record_prefill(restored, session.computed_prompt_tokens)
         prefill_s = time.perf_counter() - t0
         t_decode = time.perf_counter()
         finished = matcher.check([first]) is not None
@@ -378,7 +383,8 @@ class DFlashEngine:
         tail = text.flush()
         if tail:
             yield TokenEvent((), tail)
-        if cache is not None and session.fed > 0:
+        # A sparse session's state is never reusable (its dense head was published above).
+        if cache is not None and session.fed > 0 and session.lineage == "dense":
             cache.publish(self.cache_key, session.export_state())
         stats = GenerationStats(
             prompt_tokens=len(prompt),
@@ -388,6 +394,8 @@ class DFlashEngine:
             decode_s=decode_s,
             cycles=tuple(cycles),
             constraint=session.chooser.stats(),
+            computed_tokens=session.computed_prompt_tokens,
+            sparse=session.lineage == "sparse",
         )
         log.debug(
             "generation",
@@ -404,6 +412,22 @@ class DFlashEngine:
             # at the FinishEvent.
             if controller is not None:
                 controller.finish(stats)
+
+    def _sparse_selection(
+        self, request: GenerationRequest, prompt: list[int], restored: int
+    ) -> SparseSelection | None:
+        """The chunks a request's opt-in sparse prefill computes (None: dense prefill)."""
+        settings = request.sparse_prefill
+        if settings is None or len(prompt) - restored < settings.min_tokens:
+            return None
+        layout = prompt_layout(prompt, self._message_start_id, self.decode)
+        return plan_sparse(settings, prompt, layout, self.target.embed, restored)
+
+    @functools.cached_property
+    def _message_start_id(self) -> int | None:
+        """The chat template's message start token (`<|im_start|>`), None if it has none."""
+        ids = self.encode(MESSAGE_START)
+        return ids[0] if len(ids) == 1 and ids[0] in self._added_ids else None
 
     def _prepare_next(
         self,
