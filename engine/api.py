@@ -169,6 +169,12 @@ class CycleRecord:
     def total_s(self) -> float:
         return self.draft_s + self.verify_s + self.rollback_s
 
+    @property
+    def speculative(self) -> bool:
+        """A drafted (or grammar-forced) block verified in spec or lookup mode: not an AR step,
+        nor a lookup step that found no match."""
+        return self.mode != "ar" and self.block_size > 1
+
 
 @dataclass(frozen=True)
 class TopLogprob:
@@ -265,7 +271,7 @@ class GenerationStats:
     def spec_cycles(self) -> int:
         """Speculative cycles: a drafter's or lookup's block verified (not AR steps, nor lookup
         steps that found no match)."""
-        return sum(1 for c in self.cycles if _speculative(c))
+        return sum(1 for c in self.cycles if c.speculative)
 
     @property
     def drafted(self) -> int:
@@ -278,7 +284,7 @@ class GenerationStats:
     @property
     def tokens_per_cycle(self) -> float:
         """Committed tokens per speculative cycle (tau); 0.0 when no spec cycle ran."""
-        spec = [c for c in self.cycles if _speculative(c)]
+        spec = [c for c in self.cycles if c.speculative]
         if not spec:
             return 0.0
         return sum(c.committed for c in spec) / len(spec)
@@ -297,10 +303,6 @@ class FinishEvent:
 
 
 EngineEvent = TokenEvent | FinishEvent
-
-
-def _speculative(cycle: CycleRecord) -> bool:
-    return cycle.mode != "ar" and cycle.block_size > 1
 
 
 @dataclass(frozen=True)

@@ -356,8 +356,9 @@ class DFlashEngine:
                     break
                 mode = self._runnable(request.mode_plan.get(len(cycles), mode))
                 block = min(_block(schedule, block_size), matcher.remaining)
-                # An AR step queues the next one's forward unless this must be the last.
-                lookahead = mode == "ar" and matcher.remaining > 1
+                # An AR step (or a lookup step that finds no match) queues the next one's
+                # forward unless this must be the last.
+                lookahead = mode != "spec" and matcher.remaining > 1
                 step = session.step(mode, block, matcher.check, lookahead)
                 cycles.append(step.record)
                 if schedule is not None:

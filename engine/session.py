@@ -260,25 +260,32 @@ class GenerationSession:
         continuation of the suffix's latest earlier occurrence, an AR step where there is
         none) or one target-only step (`ar`).
 
-        `lookahead` (AR): queue the next AR step's forward on the device before this step's
-        token is read, as mlx-lm's `generate_step` does, so the next step's compute overlaps
-        the caller's work between steps. If the next call is not an AR step, or this token
-        ends the generation, the queued forward is undone first (`drain`): no token is lost
-        and the cache holds exactly what plain AR would."""
+        `lookahead` (AR, and lookup steps that find no match): queue the next AR step's
+        forward on the device before this step's token is read, as mlx-lm's `generate_step`
+        does, so the next step's compute overlaps the caller's work between steps. If the next
+        call is not an AR step, or this token ends the generation, the queued forward is undone
+        first (`drain`): no token is lost and the cache holds exactly what plain AR would. A
+        lookup step that finds a match after a queued forward keeps it: the queued forward is
+        the verify's first row (`_verify_after_ahead`)."""
         if mode == "spec" and self.draft_ctx is not None and block_size > 1:
             self.drain()
             return self._spec_cycle(block_size, stop_check)
-        if mode == "lookup" and block_size > 1 and self._ahead is None:
-            t0 = time.perf_counter()
-            proposal = self._take_prepared("lookup", block_size) or self._lookup_proposal(
-                block_size
-            )
-            if proposal is not None:
-                return self._verify_cycle("lookup", proposal, block_size, stop_check, t0)
-            # No earlier occurrence of the suffix: this step is an AR step, counted as lookup's.
-            return self._ar_step(stop_check, False, "lookup")
+        if mode == "lookup" and block_size > 1:
+            return self._lookup_step(block_size, stop_check, lookahead)
         self._prepared = None
         return self._ar_step(stop_check, lookahead, "lookup" if mode == "lookup" else "ar")
+
+    def _lookup_step(self, block_size: int, stop_check: StopCheck, lookahead: bool) -> StepResult:
+        """Verify the lookup continuation if the suffix matches, else an AR step (counted as
+        lookup's, queueing the next forward ahead with `lookahead`)."""
+        t0 = time.perf_counter()
+        proposal = self._take_prepared("lookup", block_size) or self._lookup_proposal(block_size)
+        if proposal is None:
+            return self._ar_step(stop_check, lookahead, "lookup")
+        if self._ahead is not None and self._ahead.choice is not None:
+            return self._verify_after_ahead(proposal, stop_check, t0)
+        self.drain()
+        return self._verify_cycle("lookup", proposal, block_size, stop_check, t0)
 
     def prepare(self, mode: Mode, block_size: int) -> None:
         """Start the next step's device work now, so it computes while the caller finishes its
@@ -480,6 +487,59 @@ class GenerationSession:
             # A drafter's draft shorter than the block was cut by the grammar; a lookup
             # continuation is as long as the match gives.
             draft_cut=mode == "spec" and not proposal.forced and drafted < block_size - 1,
+        )
+
+    def _verify_after_ahead(
+        self, proposal: Proposal, stop_check: StopCheck, t0: float
+    ) -> StepResult:
+        """A lookup cycle on top of the queued AR forward (which fed the staged token): feed
+        the continuation after it and verify against both forwards' rows, so the forward
+        queued while no continuation was known is not wasted when one appears."""
+        ahead = self._ahead
+        assert ahead is not None
+        since = self._ahead_since
+        self._ahead = self._ahead_since = None
+        draft = proposal.tokens
+        res = self.target.forward(
+            draft[None].astype(mx.int32),
+            self.cache,
+            self.capture,
+            keep_tape=True,
+            position_shift=self.position_shift,
+        )
+        rows = mx.concatenate([ahead.result.logits[0, -1:], res.logits[0]], axis=0)
+        verdict = self.chooser.verify(proposal, rows)
+        t2 = time.perf_counter()
+        committed = verdict.tokens
+        end = stop_check(committed)
+        if end is not None:
+            committed = committed[: end + 1]
+        # The staged token's forward stays; of the continuation, the rows of kept tokens.
+        self.fed += 1
+        if self.draft_ctx is not None and ahead.result.features is not None:
+            self.draft_ctx.add_features(ahead.result.features)
+        keep = min(verdict.accepted, len(committed) - 1)
+        self.last_logits = rows[keep]
+        self.target.rollback(self.cache, res, keep)
+        if self.draft_ctx is not None and res.features is not None and keep > 0:
+            self.draft_ctx.add_features(res.features[:, :keep])
+        self.fed += keep
+        self.tokens.extend(committed)
+        self.chooser.commit(committed)
+        t3 = time.perf_counter()
+        drafted = int(draft.shape[0])
+        return self._finish_step(
+            "lookup",
+            drafted + 1,
+            drafted,
+            verdict.accepted,
+            committed,
+            end,
+            0.0,
+            t2 - (since if since is not None else t0),
+            t3 - t2,
+            self._logprobs(rows, committed),
+            forced=drafted if proposal.forced else 0,
         )
 
     def _feed_block(self, tail: mx.array) -> ForwardResult:

@@ -36,7 +36,15 @@ from toolflash.engine.api import (
 )
 
 StopMode = Literal["eos", "length"]
-VARIANTS = ("mlx-lm", "ar", "spec-fixed", "spec-adaptive", "policy-cold", "policy-warm")
+VARIANTS = (
+    "mlx-lm",
+    "ar",
+    "lookup",
+    "spec-fixed",
+    "spec-adaptive",
+    "policy-cold",
+    "policy-warm",
+)
 BASELINE = "mlx-lm"
 ALL_KINDS = "all"
 
@@ -89,7 +97,7 @@ def toolflash_run(
                 first = last
             tokens.extend(event.token_ids)
     assert stats is not None
-    spec = [c for c in stats.cycles if c.mode == "spec"]
+    spec = [c for c in stats.cycles if c.speculative]
     return Timed(
         tokens,
         last - first,
@@ -142,12 +150,14 @@ class Runner:
         if variant == BASELINE:
             eos = frozenset() if stop == "length" else self.engine.eos_ids
             return mlx_lm_run(self.engine.target.model, case.ids, self.max_tokens, eos)
-        mode: Mode = "ar" if variant == "ar" else "spec"
+        mode: Mode = variant if variant in ("ar", "lookup") else "spec"  # type: ignore[assignment]
         draft_length = {"spec-fixed": "fixed", "spec-adaptive": "adaptive"}.get(variant)
         request = GenerationRequest(
             prompt_tokens=case.ids,
             max_tokens=self.max_tokens,
             mode=mode,
+            # Lookup drafts its own block (the drafter's is for the drafter).
+            block_size=self.engine.options.lookup.block_size if mode == "lookup" else None,
             draft_length=draft_length,
             ignore_eos=stop == "length",
         )
@@ -212,7 +222,7 @@ def run_comparison(
     if BASELINE not in variants:
         variants = (BASELINE, *variants)
     if engine.drafter is None:
-        variants = tuple(v for v in variants if v in (BASELINE, "ar"))
+        variants = tuple(v for v in variants if v in (BASELINE, "ar", "lookup"))
     cases = prepare_cases(engine, prompts)
     runner = Runner(engine, max_tokens, fresh_policy=policy_factory)
     if any(v.startswith("policy-") for v in variants):

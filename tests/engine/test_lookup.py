@@ -142,6 +142,30 @@ def test_any_mix_of_modes_and_prepared_work_stays_ar(pair: Any, seed: int) -> No
     assert session.tokens == reference[: len(session.tokens)]
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_lookup_steps_queued_ahead_equal_ar(pair: Any, seed: int) -> None:
+    """Lookup steps that queue the next forward ahead (no match) and then verify a match on
+    top of it: the output, the fed count and the cache stay plain AR's."""
+    target, drafter = pair
+    rng = random.Random(seed)
+    reference = ar_reference(target, drafter)
+    session = GenerationSession(target, drafter)
+    session.prefill(PROMPT)
+    records = []
+    for _ in range(N_OUT):
+        mode: Mode = rng.choice(["lookup", "lookup", "lookup", "ar", "spec"])  # type: ignore[assignment]
+        if rng.random() < 0.5:
+            session.prepare(mode, 4)
+        step = session.step(mode, rng.choice([2, 4, 8]), never, lookahead=rng.random() < 0.8)
+        records.append(step.record)
+    session.drain()
+    assert session.tokens == reference[: len(session.tokens)]
+    assert session.fed == len(session.tokens) - 1
+    plain, _ = run(target, drafter, ["ar"] * (len(session.tokens) - len(PROMPT) - 1))
+    assert same_cache(session, plain)
+    assert any(r.mode == "lookup" and r.drafted for r in records)
+
+
 @pytest.mark.parametrize("stop_at", [2, 5, 13, 29])
 def test_stop_inside_a_lookup_block_keeps_nothing_after_it(pair: Any, stop_at: int) -> None:
     target, drafter = pair
