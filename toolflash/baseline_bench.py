@@ -150,7 +150,7 @@ class Runner:
         if variant == BASELINE:
             eos = frozenset() if stop == "length" else self.engine.eos_ids
             return mlx_lm_run(self.engine.target.model, case.ids, self.max_tokens, eos)
-        mode: Mode = variant if variant in ("ar", "lookup") else "spec"  # type: ignore[assignment]
+        mode: Mode = variant if variant in ("ar", "lookup") else "spec"
         draft_length = {"spec-fixed": "fixed", "spec-adaptive": "adaptive"}.get(variant)
         request = GenerationRequest(
             prompt_tokens=case.ids,
