@@ -1,4 +1,7 @@
-"""The engine worker: one thread owns the engine (MLX stays on it) and serves jobs in FIFO order.
+"""The engine worker: one thread owns the engine (MLX stays on it) and runs jobs in a continuous
+batch: queued jobs are admitted in FIFO order at step boundaries while fewer than `max_batch`
+run, each `Batcher.step` advances every running job, and a job leaves the batch the step it
+ends (its slot is free at once, also when its client disconnects).
 
 HTTP handlers never touch the engine: they submit a `Job` and read its items in batches: the
 worker appends to the job's buffer and wakes the event loop (`loop.call_soon_threadsafe`) only
@@ -22,6 +25,7 @@ from typing import Any, Literal
 import structlog
 
 from toolflash.engine.api import Engine, EngineEvent, FinishEvent, GenerationRequest, TokenEvent
+from toolflash.engine.batching.api import Batcher, Outcome, batcher_for, default_max_batch
 from toolflash.gateway.errors import ClientGone, NotReady, Overloaded
 from toolflash.policy.record import RecordedController
 from toolflash.policy.request_class import RequestClass
@@ -163,10 +167,12 @@ class EngineCall:
 
 
 class EngineWorker:
-    """Loads the engine on its own thread, then serves jobs one at a time, first in first out.
+    """Loads the engine on its own thread, then runs up to `max_batch` jobs at once, admitted
+    first in first out; the rest wait in a queue of at most `max_queue`.
 
     The queue bound counts live waiting jobs only: a job whose client left while it waited is
-    dropped at once (so it neither holds a slot nor runs).
+    dropped at once (so it neither holds a slot nor runs). An `EngineCall` runs alone: it waits
+    at the head of the queue until the running jobs have finished.
     """
 
     def __init__(
@@ -174,13 +180,18 @@ class EngineWorker:
         factory: Callable[[], Engine],
         *,
         max_queue: int,
+        max_batch: int | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         if max_queue < 1:
             raise ValueError("max_queue must be at least 1")
+        max_batch = default_max_batch() if max_batch is None else max_batch
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
         self._factory = factory
         self._on_failure = on_failure
         self.max_queue = max_queue
+        self.max_batch = max_batch
         self._queue: deque[Job | EngineCall] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -188,7 +199,7 @@ class EngineWorker:
         self.state: WorkerState = "loading"
         self.engine: Engine | None = None
         self.load_error: BaseException | None = None
-        self.current: Job | None = None
+        self.active: list[Job] = []  # admitted and not finished, oldest first
         self._mean_job_s = 1.0  # running estimate for Retry-After
         self.ready = threading.Event()
 
@@ -196,13 +207,13 @@ class EngineWorker:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop after the running job (which is cancelled); queued jobs are dropped."""
+        """Stop after the running jobs (which are cancelled); queued jobs are dropped."""
         with self._cond:
             self._stopping = True
             dropped = list(self._queue)
             self._queue.clear()
-            if self.current is not None:
-                self.current.cancel.set()
+            for job in list(self.active):
+                job.cancel.set()
             self._cond.notify_all()
         for item in dropped:
             self._drop(item, "the server is shutting down")
@@ -216,10 +227,19 @@ class EngineWorker:
 
     @property
     def running(self) -> int:
-        return 1 if self.current is not None else 0
+        """Jobs in the running batch (prefilling or decoding)."""
+        return len(self.active)
+
+    @property
+    def current(self) -> Job | None:
+        """The oldest running job."""
+        active = list(self.active)
+        return active[0] if active else None
 
     def retry_after_s(self) -> int:
-        return max(1, min(120, math.ceil(self._mean_job_s * (self.waiting + 1))))
+        # Jobs ahead leave max_batch at a time.
+        rounds = math.ceil((self.waiting + 1) / self.max_batch)
+        return max(1, min(120, math.ceil(self._mean_job_s * rounds)))
 
     def submit(self, job: Job) -> None:
         """Queue a job; raises NotReady while loading and Overloaded when the queue is full."""
@@ -264,14 +284,25 @@ class EngineWorker:
         else:
             item.future.cancel()
 
-    def _next(self) -> Job | EngineCall | None:
+    def _next(self, batcher: Batcher) -> tuple[list[Job], EngineCall | None] | None:
+        """Jobs to admit now (while the batch has room) or an engine call to run (once the
+        batch is empty); waits while there is nothing to run. None: stop."""
         with self._cond:
             while True:
                 self._purge_cancelled()
                 if self._stopping:
                     return None
-                if self._queue:
-                    return self._queue.popleft()
+                jobs: list[Job] = []
+                while self._queue and batcher.size + len(jobs) < self.max_batch:
+                    head = self._queue[0]
+                    if isinstance(head, EngineCall):
+                        if batcher.size == 0 and not jobs:
+                            return [], self._queue.popleft()  # type: ignore[return-value]
+                        break
+                    jobs.append(head)
+                    self._queue.popleft()
+                if jobs or batcher.size:
+                    return jobs, None
                 # Wake now and then to drop jobs cancelled while waiting.
                 self._cond.wait(timeout=0.5)
 
@@ -285,26 +316,31 @@ class EngineWorker:
             if self._on_failure is not None:
                 self._on_failure(exc)
             return
+        engine = self.engine
+        batcher = batcher_for(engine, self.max_batch)
+        self.max_batch = min(self.max_batch, batcher.capacity)
         self.state = "ready"
         self.ready.set()
-        log.info("engine_ready", model=self.engine.model_id, draft=self.engine.draft_id)
-        while (item := self._next()) is not None:
-            if isinstance(item, EngineCall):
-                if item.future.set_running_or_notify_cancel():
+        log.info(
+            "engine_ready", model=engine.model_id, draft=engine.draft_id, max_batch=self.max_batch
+        )
+        while (work := self._next(batcher)) is not None:
+            jobs, call = work
+            if call is not None:
+                if call.future.set_running_or_notify_cancel():
                     try:
-                        item.future.set_result(item.fn(self.engine))
+                        call.future.set_result(call.fn(engine))
                     except Exception as exc:
-                        item.future.set_exception(exc)
+                        call.future.set_exception(exc)
                 continue
-            self.current = item
-            t0 = time.perf_counter()
-            try:
-                self._serve(self.engine, item)
-            finally:
-                self.current = None
-                self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - t0)
+            for job in jobs:
+                self._admit(engine, batcher, job)
+            self._step(batcher)
+        # Stopping: the running jobs were cancelled; each ends at its next step.
+        while batcher.size:
+            self._step(batcher)
 
-    def _serve(self, engine: Engine, job: Job) -> None:
+    def _admit(self, engine: Engine, batcher: Batcher, job: Job) -> None:
         job.started_at = time.perf_counter()
         try:
             prepared = job.prepare(engine)
@@ -315,17 +351,35 @@ class EngineWorker:
         job.mode = prepared.request.mode
         job.push("prepared", prepared)
         try:
-            events = (
-                engine.generate(prepared.request, job.cancel)
-                if prepared.decision_log is None
-                else engine.generate(prepared.request, job.cancel, prepared.decision_log)
-            )
-            for event in events:
-                if isinstance(event, TokenEvent):
-                    job.tokens += len(event.token_ids)
-                    if event.cycle is not None:
-                        job.mode = event.cycle.mode
-                job.push("event", event)
+            batcher.add(job, prepared.request, job.cancel, prepared.decision_log)
         except Exception as exc:
-            log.error("engine_generate_failed", id=job.id, error=repr(exc))
             job.push("error", exc)
+            return
+        self.active.append(job)
+
+    def _step(self, batcher: Batcher) -> None:
+        for key, outcome in batcher.step():
+            assert isinstance(key, Job)
+            self._deliver(key, outcome)
+
+    def _deliver(self, job: Job, outcome: Outcome) -> None:
+        if isinstance(outcome, BaseException):
+            log.error("engine_generate_failed", id=job.id, error=repr(outcome))
+            job.push("error", outcome)
+            self._retire(job)
+            return
+        for event in outcome:
+            if isinstance(event, TokenEvent):
+                job.tokens += len(event.token_ids)
+                if event.cycle is not None:
+                    job.mode = event.cycle.mode
+            job.push("event", event)
+            if isinstance(event, FinishEvent):
+                self._retire(job)
+
+    def _retire(self, job: Job) -> None:
+        if job in self.active:
+            self.active.remove(job)
+        if job.started_at is not None:
+            took = time.perf_counter() - job.started_at
+            self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * took

@@ -48,8 +48,9 @@ class _Entry:
 class EngineBatcher:
     """The running batch of one engine (used on the engine's own thread only)."""
 
-    def __init__(self, engine: DFlashEngine) -> None:
+    def __init__(self, engine: DFlashEngine, capacity: int = 8) -> None:
         self.engine = engine
+        self.capacity = capacity  # sequences admitted at once (the worker enforces it)
         self.rows = BatchRows(engine.target)
         self.capture = engine.drafter.config.target_layer_ids if engine.drafter else ()
         self.prefilling: list[_Entry] = []
