@@ -32,6 +32,7 @@ import mlx.core as mx
 import structlog
 
 from .codec import SnapshotFormatError, decode, encode
+from .config import CLOSE_TIMEOUT_S
 from .key import SnapshotKey
 from .l2_meta import MAX_META_BYTES, DiskMeta, parse_meta
 from .snapshot import Snapshot, is_prefix
@@ -42,8 +43,6 @@ _STOP = object()
 # Longest a queued write waits for a prefill to finish (so a stream of requests cannot starve
 # the disk tier forever).
 _MAX_DEFER_S = 30.0
-# Default bound on how long `close()` waits for queued writes (server shutdown, process exit).
-CLOSE_TIMEOUT_S = 5.0
 # A write starts only once the engine has been out of prefill this long: an agent's next turn
 # often arrives right after the last one ends, and a write it catches mid-way cannot be paused
 # inside one array save; a tool call's own run time is the usual quiet gap.

@@ -13,31 +13,15 @@ import structlog
 
 from toolflash.cache.state import SessionState
 
+from .config import CacheConfig
 from .key import SnapshotKey
 from .l1 import MemoryCache
-from .l2 import CLOSE_TIMEOUT_S, DiskCache
+from .l2 import DiskCache
 from .snapshot import Snapshot
 
 log = structlog.get_logger(__name__)
 
 Tier = Literal["l1", "l2"]
-
-
-@dataclass(frozen=True)
-class CacheConfig:
-    """Budgets and placement (from the YAML config or the CLI)."""
-
-    enabled: bool = True
-    l1_entries: int = 32
-    l1_bytes: int = 2 << 30
-    l2_dir: str | None = None  # None: no disk tier
-    l2_bytes: int = 8 << 30
-    # How long closing (server shutdown, process exit) waits for queued disk writes.
-    l2_close_timeout_s: float = CLOSE_TIMEOUT_S
-    # A disk snapshot replaces a shorter L1 hit when it covers at least this many more tokens:
-    # loading reads and checksums the whole snapshot, so a gain of a few tokens costs more
-    # than computing them.
-    l2_min_gain_tokens: int = 256
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,15 @@
-"""Gateway settings (what `toolflash serve` flags set).
-
-Each setting is declared once, here: a field with a `help` in its metadata also becomes a
-`toolflash serve` flag (`--max-json-depth` for `max_json_depth`; `toolflash/commands/serve.py`
-derives them), and `gateway/SERVER.md` documents them."""
+"""Gateway settings, each declared once: `toolflash serve` derives one flag per field (its name
+dashed, or the `flag` named in its extra data; `scale` converts the flag's unit to the field's),
+with its type, default, choices and help, and the settings reference (SETTINGS.md) renders the
+same declarations."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
-from toolflash.engine.api import Mode
+from pydantic import BaseModel, ConfigDict, Field
 
-
-def _flag(default: Any, help: str) -> Any:
-    """A setting that is also a `toolflash serve` flag (`help` is the flag's help)."""
-    return field(default=default, metadata={"help": help})
-
+MB = 1 << 20
 
 # Keys the server itself passes to the chat template: a client must never set them through
 # chat_template_kwargs (they collided with ours: TypeError/ValueError 500s), nor swap the
@@ -47,40 +41,82 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class GatewayConfig:
-    """Serving settings. `default_max_tokens` caps generations whose request names no limit
-    (they otherwise fill the remaining context)."""
+class GatewayConfig(BaseModel):
+    """Serving settings (the HTTP side; the engine's are the cache's and `toolflash serve`'s)."""
 
-    mode: Mode = "spec"
-    block_size: int | None = None
-    max_queue: int = 16
-    api_key: str | None = None
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Literal["spec", "ar"] = Field(
+        default="spec",
+        description="decoding mode with --policy off (the adaptive policy chooses per request"
+        " class and span itself)",
+    )
+    block_size: int | None = Field(
+        default=None,
+        ge=2,
+        description="largest speculative block (unset: the drafter's own block size)",
+    )
+    max_queue: int = Field(
+        default=16, ge=1, description="requests that may wait for the engine (429 past it)"
+    )
+    api_key: str | None = Field(
+        default=None,
+        description="require 'Authorization: Bearer KEY'; mandatory when --host is not a"
+        " loopback address",
+        json_schema_extra={"env": "TOOLFLASH_API_KEY"},
+    )
     # A few MB holds a full long-context agent turn (128k tokens of history and tools is
     # ~1-2 MB of JSON); a 15 MB body took 12 s to parse and check before its 400.
-    max_body_bytes: int = 4 * 1024 * 1024
-    default_max_tokens: int = 8192
-    served_model_names: tuple[str, ...] = ()
-    # -- input limits (each also a `toolflash serve` flag) -----------------------------------
-    max_json_depth: int = _flag(
-        64, "deepest nesting of arrays and objects in a request body (400 past it)"
+    max_body_bytes: int = Field(
+        default=4 * MB,
+        ge=1,
+        description="request body limit, 413 past it (MB on the command line)",
+        json_schema_extra={"flag": "max-body-mb", "scale": MB},
     )
-    template_kwargs: tuple[str, ...] = _flag(
+    default_max_tokens: int = Field(
+        default=8192,
+        ge=1,
+        description="output limit of a request that names none: the context left after the"
+        " prompt, capped at this (a request's own max_tokens is clamped to the context left)",
+    )
+    served_model_names: tuple[str, ...] = Field(
+        default=(),
+        description="extra names clients may use for the model (repeatable, comma-separated)",
+        json_schema_extra={"flag": "served-model-name"},
+    )
+    # -- input limits ------------------------------------------------------------------------
+    max_json_depth: int = Field(
+        default=64,
+        ge=1,
+        description="deepest nesting of arrays and objects in a request body (400 past it)",
+    )
+    template_kwargs: tuple[str, ...] = Field(
         # tool_call_format: the embedded models' template switch (hermes or qwen3_coder).
-        ("enable_thinking", "reasoning_effort", "tool_call_format"),
-        "chat_template_kwargs keys a client may set, comma-separated (others are a 400)",
+        default=("enable_thinking", "reasoning_effort", "tool_call_format"),
+        description="chat_template_kwargs keys a client may set, comma-separated (others are a"
+        " 400)",
     )
-    max_template_kwarg_chars: int = _flag(
-        1024, "longest string a chat_template_kwargs value may be (400 past it)"
+    max_template_kwarg_chars: int = Field(
+        default=1024,
+        ge=1,
+        description="longest string a chat_template_kwargs value may be (400 past it)",
     )
-    render_timeout_s: float = _flag(
-        5.0, "longest the chat template may take to render and tokenize a prompt (400 past it)"
+    render_timeout_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        description="longest the chat template may take to render and tokenize a prompt (400"
+        " past it)",
     )
-    render_threads: int = _flag(
-        2, "threads that render chat templates and tokenize prompts, off the engine thread"
+    render_threads: int = Field(
+        default=2,
+        ge=1,
+        description="threads that render chat templates and tokenize prompts, off the engine"
+        " thread",
     )
-    stream_interval_ms: float = _flag(
-        10.0,
-        "least time between two writes of a stream (ms): deltas that arrive meanwhile go out "
-        "together, so a fast model is not slowed by a write per token; 0 writes each at once",
+    stream_interval_ms: float = Field(
+        default=10.0,
+        ge=0.0,
+        description="least time between two writes of a stream (ms): deltas that arrive"
+        " meanwhile go out together, so a fast model is not slowed by a write per token; 0"
+        " writes each at once",
     )

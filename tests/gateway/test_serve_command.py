@@ -144,7 +144,7 @@ def test_yaml_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     )
     args = serve.apply_config(parse("--port", "8123", "--config", str(cfg)), str(cfg))
     assert (args.model, args.max_queue, args.mode, args.port) == ("org/target", 4, "ar", 8123)
-    assert args.served_model_name == ["a", "b"]
+    assert serve.config_from_args(args).served_model_names == ("a", "b")
     bad = tmp_path / "bad.yaml"
     bad.write_text("mode: turbo\n")
     with pytest.raises(ValueError, match="turbo"):

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any, get_args
 
+from toolflash.commands.serve_settings import ServeSettings
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="target (default: the embedded tiny model)")
@@ -25,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument(
         "--draft-length",
-        default="adaptive",
+        default=ServeSettings.model_fields["draft_length"].default,
         help="adaptive, fixed, or both side by side (adaptive,fixed): whether a cycle may "
         "draft less than the block after rejected drafts",
     )

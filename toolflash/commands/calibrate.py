@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from toolflash.commands.options import add_policy_config
+from toolflash.commands.options import adaptive_policy, add_policy_config, policy_files
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,12 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from toolflash.calibrate import ensure_calibrated, format_rows, state_dir
     from toolflash.engine.factory import build_engine
-    from toolflash.policy.adaptive import AdaptivePolicy
     from toolflash.policy.calibration import record_path
-    from toolflash.policy.config import PolicyConfig, PolicyFileError
+    from toolflash.policy.config import PolicyFileError
 
     try:
-        policy = AdaptivePolicy(PolicyConfig(list(args.policy_config)))
+        policy = adaptive_policy(policy_files(args), args.state_dir)
     except PolicyFileError as exc:
         print(f"toolflash calibrate: {exc}", file=sys.stderr)
         return 2

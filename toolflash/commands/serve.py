@@ -7,144 +7,78 @@ while the model loads and 200 when it is ready; a failed load stops the server (
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import ipaddress
-import os
 import sys
 from typing import Any
 
-from toolflash.commands.options import add_draft_length, add_policy_config
+from toolflash.commands.options import adaptive_policy, policy_state_file
+from toolflash.commands.serve_settings import SECTIONS, ServeSettings
+from toolflash.commands.settings_cli import (
+    SettingsError,
+    add_flags,
+    settings_from_args,
+    settings_markdown,
+    settings_yaml,
+)
 from toolflash.gateway.config import GatewayConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        default=None,
-        help="target: local dir, hub id or embedded pair (default toolflash-tiny-qwen35)",
-    )
-    p.add_argument("--draft", default=None, help="DFlash drafter (default: from the registry)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("TOOLFLASH_API_KEY"),
-        help="require 'Authorization: Bearer KEY' (env TOOLFLASH_API_KEY); mandatory when "
-        "--host is not a loopback address",
-    )
-    p.add_argument(
-        "--mode", choices=("spec", "ar"), default="spec", help="decoding mode to start in"
-    )
-    p.add_argument("--block-size", type=int, default=None, help="speculative block size")
-    add_draft_length(p)
-    p.add_argument(
-        "--max-queue",
-        type=int,
-        default=16,
-        help="requests that may wait for the engine (429 past it)",
-    )
-    p.add_argument(
-        "--served-model-name",
-        action="append",
-        default=[],
-        help="extra name clients may use for the model (repeatable)",
-    )
-    p.add_argument(
-        "--default-max-tokens",
-        type=int,
-        default=8192,
-        help="output cap when a request names none (it otherwise fills the context)",
-    )
-    p.add_argument(
-        "--max-body-mb",
-        type=float,
-        default=GatewayConfig.max_body_bytes / (1024 * 1024),
-        help="request body limit (413 past it)",
-    )
-    add_config_flags(p)
-    p.add_argument("--log-format", choices=("json", "console"), default="json")
-    p.add_argument("--log-level", default="info")
-    p.add_argument("--no-cache", action="store_true", help="disable the prefix cache")
-    p.add_argument("--cache-entries", type=int, default=32, help="L1 (RAM) snapshot entries")
-    p.add_argument("--cache-ram-mb", type=float, default=2048, help="L1 (RAM) byte budget")
-    p.add_argument("--cache-dir", default=None, help="L2 (disk) snapshot directory (off if unset)")
-    p.add_argument("--cache-disk-mb", type=float, default=8192, help="L2 (disk) byte budget")
-    p.add_argument(
-        "--cache-disk-min-gain",
-        type=int,
-        default=256,
-        help="read a disk snapshot instead of a RAM hit when it covers at least this many "
-        "more prompt tokens",
-    )
-    p.add_argument(
-        "--policy",
-        choices=("adaptive", "off"),
-        default="adaptive",
-        help="adaptive: choose spec/AR and block size per request class and span from "
-        "measurements (configs/*.yaml); off: always --mode",
-    )
-    add_policy_config(p)
-    p.add_argument(
-        "--no-calibrate",
-        action="store_true",
-        help="skip calibration on the first serve of a model on this machine (the adaptive "
-        "policy then learns from requests alone; see `toolflash calibrate`)",
-    )
+    """One flag per setting of `SECTIONS` (declared once, in their models), plus --config."""
+    for title, model in SECTIONS:
+        add_flags(p.add_argument_group(title), model)
     p.add_argument(
         "--config",
         default=None,
-        help="YAML file with any of these options (keys like max_queue or max-queue); "
-        "flags given on the command line win",
+        help="YAML file with any of these settings (keys like max_queue or max-queue; "
+        "`toolflash serve --defaults` prints one with every default); flags given on the "
+        "command line win",
+    )
+    p.add_argument(
+        "--defaults",
+        nargs="?",
+        const="yaml",
+        choices=("yaml", "markdown"),
+        default=None,
+        help="print every setting with its default and meaning (as a --config file, or as "
+        "SETTINGS.md's tables) and exit",
     )
 
 
-def _comma_list(text: str) -> tuple[str, ...]:
-    return tuple(item.strip() for item in text.split(",") if item.strip())
+def defaults_text(form: str) -> str:
+    """`toolflash serve --defaults [yaml|markdown]`: rendered from the declarations."""
+    if form == "markdown":
+        return SETTINGS_HEADER + settings_markdown(SECTIONS)
+    return settings_yaml([model for _, model in SECTIONS])
 
 
-def add_config_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per `GatewayConfig` setting that declares a `help` (its name, dashed; its
-    default and type from the declaration), so each setting is declared once."""
-    for f in dataclasses.fields(GatewayConfig):
-        if "help" not in f.metadata:
-            continue
-        flag, default = f"--{f.name.replace('_', '-')}", f.default
-        if isinstance(default, tuple):  # a list: repeatable and comma-separated (YAML lists too)
-            p.add_argument(
-                flag,
-                type=_comma_list,
-                action="append",
-                default=None,
-                help=f"{f.metadata['help']} (default: {','.join(default)})",
-            )
-        else:
-            p.add_argument(
-                flag,
-                type=type(default),
-                default=default,
-                help=f"{f.metadata['help']} (default: {default})",
-            )
+SETTINGS_HEADER = """\
+# toolflash serve settings
+
+Generated from the settings' declarations (`toolflash serve --defaults markdown > SETTINGS.md`):
+each is declared once, in the pydantic model named under its heading, and its flag, config-file
+key, default and help are derived from it. Every key also works in a `--config` YAML file
+(`toolflash serve --defaults` prints one). The decoding policy's settings are in its own files:
+`toolflash policy defaults`.
+"""
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     """The gateway settings these arguments give."""
-    derived: dict[str, Any] = {}
-    for f in dataclasses.fields(GatewayConfig):
-        if "help" in f.metadata:
-            value = getattr(args, f.name)
-            if isinstance(f.default, tuple):
-                value = f.default if value is None else tuple(x for xs in value for x in xs)
-            derived[f.name] = value
-    return GatewayConfig(
-        mode=args.mode,
-        block_size=args.block_size,
-        max_queue=args.max_queue,
-        api_key=args.api_key,
-        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
-        default_max_tokens=args.default_max_tokens,
-        served_model_names=tuple(args.served_model_name),
-        **derived,
-    )
+    config: GatewayConfig = settings_from_args(GatewayConfig, args)
+    return config
+
+
+def cache_config(args: argparse.Namespace) -> Any:
+    """The prefix cache's settings these arguments give."""
+    from toolflash.cache.config import CacheConfig
+
+    return settings_from_args(CacheConfig, args)
+
+
+def serve_settings(args: argparse.Namespace) -> ServeSettings:
+    settings: ServeSettings = settings_from_args(ServeSettings, args)
+    return settings
 
 
 def apply_config(args: argparse.Namespace, path: str) -> argparse.Namespace:
@@ -165,10 +99,14 @@ def apply_config(args: argparse.Namespace, path: str) -> argparse.Namespace:
     argv: list[str] = []
     for key, value in data.items():
         name = str(key).replace("-", "_")
-        if name not in defaults or name == "config":
+        if name not in defaults or name in ("config", "defaults"):
             raise ValueError(f"{path}: unknown option {key!r}")
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(defaults[name], bool):  # a switch: true sets it
+            argv += [flag] if value else []
+            continue
         for item in value if isinstance(value, list) else [value]:
-            argv += [f"--{name.replace('_', '-')}", str(item)]
+            argv += [] if item is None else [flag, str(item)]
     try:
         from_file = vars(parser.parse_args(argv))
     except (argparse.ArgumentError, SystemExit) as exc:
@@ -195,28 +133,20 @@ def _engine_factory(args: argparse.Namespace, policy: Any = None) -> Any:
     """The engine builder the worker thread runs. With an adaptive `policy`, the first serve
     of a pair on this machine also calibrates it there (unless --no-calibrate), while
     /health still answers "loading"."""
+    settings, gateway, cache = serve_settings(args), config_from_args(args), cache_config(args)
 
     def build() -> Any:
-        from toolflash.cache.prefix_cache import CacheConfig
         from toolflash.engine.factory import build_engine
 
-        cache = CacheConfig(
-            enabled=not args.no_cache,
-            l1_entries=args.cache_entries,
-            l1_bytes=int(args.cache_ram_mb * 1024 * 1024),
-            l2_dir=args.cache_dir,
-            l2_bytes=int(args.cache_disk_mb * 1024 * 1024),
-            l2_min_gain_tokens=args.cache_disk_min_gain,
-        )
         engine = build_engine(
-            args.model,
-            args.draft,
-            mode=args.mode,
-            block_size=args.block_size,
-            draft_length=args.draft_length,
+            settings.model,
+            settings.draft,
+            mode=gateway.mode,
+            block_size=gateway.block_size,
+            draft_length=settings.draft_length,
             cache=cache,
         )
-        if policy is not None and not args.no_calibrate:
+        if policy is not None and settings.calibrate:
             _calibrate(engine, policy)
         return engine
 
@@ -240,22 +170,42 @@ def _calibrate(engine: Any, policy: Any) -> None:
 
 def _policy(args: argparse.Namespace) -> Any:
     """The adaptive policy (one per server), or None with --policy off."""
-    if args.policy == "off":
+    settings = serve_settings(args)
+    if settings.policy == "off":
         return None
-    from toolflash.policy.adaptive import AdaptivePolicy
-    from toolflash.policy.config import PolicyConfig
+    return adaptive_policy(settings.policy_config, settings.state_dir)
 
-    return AdaptivePolicy(PolicyConfig(list(args.policy_config)))
+
+def startup_plan(settings: ServeSettings, gateway: GatewayConfig, policy: Any) -> dict[str, Any]:
+    """What the server will do, for its first log line: which decoding, where the policy's state
+    lives, whether it calibrates, the cache."""
+    from toolflash.engine.registry import EMBEDDED_MODEL
+
+    plan: dict[str, Any] = {"model": settings.model or EMBEDDED_MODEL}
+    if policy is None:
+        plan["decoding"] = f"{gateway.mode} on every request (--policy off)"
+    else:
+        plan["decoding"] = (
+            "adaptive policy: spec or AR and the block size chosen per request class and span "
+            "from measurements"
+        )
+        plan["policy_state"] = str(policy_state_file(policy, plan["model"]))
+        plan["calibrate"] = "on first serve" if settings.calibrate else "off (--no-calibrate)"
+    plan["draft_length"] = settings.draft_length
+    if gateway.block_size is not None:
+        plan["block_size"] = gateway.block_size
+    return plan
 
 
 def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
     """The uvicorn server for these arguments, and the list a failed engine load lands in
     (the load failure also stops the server)."""
+    import structlog
     import uvicorn
 
     from toolflash.gateway.app import create_app
 
-    config = config_from_args(args)
+    settings, config = serve_settings(args), config_from_args(args)
     failed: list[BaseException] = []
     holder: list[uvicorn.Server] = []
 
@@ -265,6 +215,9 @@ def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
             server.should_exit = True
 
     policy = _policy(args)
+    structlog.get_logger("toolflash.serve").info(
+        "serve_starting", **startup_plan(settings, config, policy)
+    )
     app = create_app(
         _engine_factory(args, policy),
         config,
@@ -287,10 +240,10 @@ def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
     server = uvicorn.Server(
         uvicorn.Config(
             app,
-            host=args.host,
-            port=args.port,
+            host=settings.host,
+            port=settings.port,
             access_log=False,
-            log_level=args.log_level,
+            log_level=settings.log_level,
             timeout_graceful_shutdown=5,
         )
     )
@@ -301,23 +254,29 @@ def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
 def run(args: argparse.Namespace) -> int:
     from toolflash.gateway.logs import configure_logging
 
+    if args.defaults:
+        sys.stdout.write(defaults_text(args.defaults))
+        return 0
     if args.config:
         try:
             args = apply_config(args, args.config)
         except (OSError, ValueError) as exc:
             print(f"toolflash serve: {exc}", file=sys.stderr)
             return 2
-    if not is_loopback(args.host) and not args.api_key:
+    try:
+        settings, config = serve_settings(args), config_from_args(args)
+        cache_config(args)
+    except SettingsError as exc:
+        print(f"toolflash serve: {exc}", file=sys.stderr)
+        return 2
+    if not is_loopback(settings.host) and not config.api_key:
         print(
-            f"toolflash serve: binding {args.host} (not loopback) requires --api-key "
+            f"toolflash serve: binding {settings.host} (not loopback) requires --api-key "
             "(or TOOLFLASH_API_KEY)",
             file=sys.stderr,
         )
         return 2
-    if args.max_queue < 1:
-        print("toolflash serve: --max-queue must be at least 1", file=sys.stderr)
-        return 2
-    configure_logging(json_lines=args.log_format == "json", level=args.log_level)
+    configure_logging(json_lines=settings.log_format == "json", level=settings.log_level)
     server, failed = build_server(args)
     server.run()
     if failed:
