@@ -75,16 +75,46 @@ class PolicyStore:
         doc = self._read() or {"format": FORMAT, "version": VERSION, "models": {}}
         doc["models"][model_id] = estimates.to_json()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".policy-state.", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(doc, f, separators=(",", ":"))
-                os.replace(tmp, self.path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            self._write(doc)
         except OSError as exc:
             log.warning("policy.state_not_saved", path=str(self.path), error=str(exc))
             return False
         return True
+
+    def saved(self) -> dict[str, int]:
+        """Model id -> saved estimate rows (what `toolflash policy show` and `doctor` report)."""
+        doc = self._read()
+        if doc is None:
+            return {}
+        return {
+            model: sum(len(rows) for rows in section.values() if isinstance(rows, list))
+            if isinstance(section, dict)
+            else 0
+            for model, section in doc["models"].items()
+        }
+
+    def forget(self, model_id: str | None = None) -> list[str]:
+        """Remove one model's saved estimates (every model's with None), keeping the rest;
+        returns the ids removed. Raises OSError when the file cannot be rewritten."""
+        doc = self._read()
+        if doc is None:
+            return []
+        models = doc["models"]
+        removed = sorted(models) if model_id is None else [m for m in (model_id,) if m in models]
+        for model in removed:
+            del models[model]
+        if removed:
+            self._write(doc)
+        return removed
+
+    def _write(self, doc: dict[str, Any]) -> None:
+        """Replace the file atomically (temporary file + `os.replace`)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".policy-state.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f, separators=(",", ":"))
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

@@ -61,3 +61,18 @@ def test_unwritable_state_dir_does_not_raise(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert not PolicyStore(blocker / "sub" / "policy-state.json").save("m", learned(FakeClock()))
+
+
+def test_saved_counts_and_forget_removes_one_model_or_all(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = PolicyStore(tmp_path / "policy-state.json")
+    assert store.saved() == {} and store.forget("m") == []  # no file yet
+    store.save("m", learned(clock))
+    store.save("other", learned(clock, "other"))
+    fresh = Estimates(clock=clock)
+    assert store.saved() == {"m": store.load("m", fresh), "other": 9}
+    assert store.forget("absent") == []
+    assert store.forget("m") == ["m"]
+    assert store.saved() == {"other": 9} and store.load("m", Estimates(clock=clock)) == 0
+    store.save("m", learned(clock))
+    assert store.forget() == ["m", "other"] and store.saved() == {}
