@@ -20,7 +20,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from toolflash.engine.api import Engine
 from toolflash.gateway.config import GatewayConfig
+from toolflash.gateway.dialects.chat import create_chat_completion
+from toolflash.gateway.dialects.completions import create_completion
 from toolflash.gateway.errors import (
+    ErrorShape,
     GatewayError,
     MethodNotAllowed,
     NotFound,
@@ -30,10 +33,9 @@ from toolflash.gateway.errors import (
 )
 from toolflash.gateway.metrics import GatewayMetrics, StatsCollector
 from toolflash.gateway.openapi import openapi_document
+from toolflash.gateway.prepare import ControllerFactory
 from toolflash.gateway.protocol import ModelCard, ModelList
-from toolflash.gateway.serving import ControllerFactory, GatewayContext, gateway, render_pool
-from toolflash.gateway.serving_chat import create_chat_completion
-from toolflash.gateway.serving_completions import create_completion
+from toolflash.gateway.serving import GatewayContext, gateway, render_pool
 from toolflash.gateway.status import LiveStatus
 from toolflash.gateway.worker import EngineWorker
 
@@ -45,8 +47,9 @@ PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def api_route(handler: Handler) -> Handler:
-    """Map every exception of an API handler to the OpenAI error shape (one place)."""
+def api_route(handler: Handler, shape: ErrorShape | None = None) -> Handler:
+    """Map every exception of an API handler to its dialect's error shape (OpenAI's unless
+    `shape` says otherwise), in one place."""
 
     async def wrapped(request: Request) -> Response:
         try:
@@ -64,7 +67,7 @@ def api_route(handler: Handler) -> Handler:
                     outcome="rejected",
                     error=err.message,
                 )
-            return error_response(err)
+            return error_response(err, shape)
 
     return wrapped
 

@@ -7,7 +7,7 @@ Every failure the client can see goes through `to_gateway_error`, so the status 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -165,7 +165,13 @@ def to_gateway_error(exc: BaseException) -> GatewayError:
     return EngineFailure(f"internal error: {type(exc).__name__}: {exc}")
 
 
-def error_response(exc: BaseException) -> JSONResponse:
-    """The HTTP response for an error (before any body was sent)."""
+# A dialect's error body for an error (OpenAI's `GatewayError.body` unless a dialect has its own).
+ErrorShape = Callable[["GatewayError"], dict[str, Any]]
+
+
+def error_response(exc: BaseException, shape: ErrorShape | None = None) -> JSONResponse:
+    """The HTTP response for an error (before any body was sent), in `shape` (default:
+    OpenAI's)."""
     err = to_gateway_error(exc)
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+    body = shape(err) if shape is not None else err.body()
+    return JSONResponse(body, status_code=err.status, headers=err.headers)

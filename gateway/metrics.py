@@ -11,7 +11,6 @@ import os
 import resource
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import (
@@ -25,7 +24,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from toolflash.engine.api import GenerationStats
+from toolflash.gateway.record import RequestRecord
 
 LABELS = ("model", "request_class", "mode")
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
@@ -102,24 +101,6 @@ class StatsCollector(Collector):
             yield family
 
 
-@dataclass(frozen=True)
-class RequestOutcome:
-    """What the metrics need to know about one finished request."""
-
-    model: str
-    request_class: str
-    mode: str
-    outcome: str  # "success" | "error" | "cancelled"
-    finish_reason: str
-    stats: GenerationStats | None
-    queue_s: float
-    ttft_s: float | None
-    e2e_s: float
-    # One entry per tool-call span: "valid", "schema_invalid", "malformed", "truncated",
-    # "undeclared_tool" (see ToolCallReport / SpanRejected).
-    tool_calls: tuple[str, ...] = ()
-
-
 class GatewayMetrics:
     """The app's metrics; `render()` is the /metrics body."""
 
@@ -130,8 +111,8 @@ class GatewayMetrics:
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
             "toolflash:requests",
-            "Finished requests.",
-            [*LABELS, "outcome", "finish_reason"],
+            "Finished requests, by API dialect (chat, completions, messages, responses).",
+            [*LABELS, "api", "outcome", "finish_reason"],
             registry=r,
         )
         self.rejected = Counter(
@@ -252,14 +233,15 @@ class GatewayMetrics:
         )
         r.register(_ProcessCollector())
 
-    def record(self, o: RequestOutcome) -> None:
+    def record(self, o: RequestRecord) -> None:
+        """Count a finished request (one that was prepared; refusals go to `rejected`)."""
         labels = (o.model, o.request_class, o.mode)
-        self.requests.labels(*labels, o.outcome, o.finish_reason).inc()
-        self.queue_time.labels(*labels).observe(o.queue_s)
-        self.e2e.labels(*labels).observe(o.e2e_s)
-        if o.ttft_s is not None:
-            self.ttft.labels(*labels).observe(o.ttft_s)
-        for result in o.tool_calls:
+        self.requests.labels(*labels, o.api, o.outcome, o.finish_reason or "none").inc()
+        self.queue_time.labels(*labels).observe(o.timings.queue_s)
+        self.e2e.labels(*labels).observe(o.timings.e2e_s)
+        if o.timings.ttft_s is not None:
+            self.ttft.labels(*labels).observe(o.timings.ttft_s)
+        for result in o.tool_results:
             self.tool_calls.labels(*labels, result).inc()
         s = o.stats
         if s is None:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from toolflash.engine.api import SamplingParams
 from toolflash.gateway.errors import BadRequest
-from toolflash.gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingInfo
+from toolflash.gateway.protocol import SamplingInfo
+from toolflash.gateway.request import SamplingFields
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class ResolvedSampling:
 
 
 def resolve_sampling(
-    req: ChatCompletionRequest | CompletionRequest,
+    req: SamplingFields,
     defaults: Mapping[str, float],
     vocab_size: int,
 ) -> ResolvedSampling:

@@ -5,36 +5,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
 from typing import Any
 
+from toolflash.gateway.record import RequestRecord, status_row
 from toolflash.gateway.worker import EngineWorker
 
 RECENT = 32
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """One finished request as /v1/status shows it."""
-
-    id: str
-    endpoint: str
-    request_class: str
-    mode: str
-    outcome: str
-    finish_reason: str
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    cycles: int
-    tokens_per_cycle: float
-    drafted: int
-    accepted: int
-    queue_s: float
-    ttft_s: float | None
-    decode_tokens_per_s: float
-    e2e_s: float
-    finished_at: float
 
 
 class LiveStatus:
@@ -42,13 +18,14 @@ class LiveStatus:
 
     def __init__(self, worker: EngineWorker) -> None:
         self._worker = worker
-        self._recent: deque[RequestRecord] = deque(maxlen=RECENT)
+        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
         self._lock = threading.Lock()
         self.started_at = time.time()
 
     def add(self, record: RequestRecord) -> None:
+        row = status_row(record)
         with self._lock:
-            self._recent.append(record)
+            self._recent.append(row)
 
     def snapshot(self) -> dict[str, Any]:
         w = self._worker
@@ -69,7 +46,7 @@ class LiveStatus:
             }
         engine = w.engine
         with self._lock:
-            recent = [asdict(r) for r in reversed(self._recent)]
+            recent = list(reversed(self._recent))
         return {
             "state": w.state,
             "model": engine.model_id if engine else None,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +19,10 @@ from llguidance import LLMatcher
 from toolflash.engine.api import OutputConstraint, ReasoningMode, ToolSpec
 from toolflash.engine.constraints.grammar import ConstraintError, build_grammar, check_schema
 from toolflash.gateway.chat_output import ContentDelta, schema_errors
+from toolflash.gateway.dialects.openai_request import chat_conversation
 from toolflash.gateway.errors import BadRequest, EngineFailure, GatewayError
-from toolflash.gateway.protocol import ChatCompletionRequest, NamedToolChoice
+from toolflash.gateway.protocol import ChatCompletionRequest
+from toolflash.gateway.request import Conversation, JsonFormat
 
 log = structlog.get_logger(__name__)
 
@@ -30,77 +31,57 @@ def _bad(exc: ConstraintError, param: str) -> BadRequest:
     return BadRequest(str(exc), param=exc.param or param)
 
 
-def _tool_specs(req: ChatCompletionRequest, enforce_all: bool) -> tuple[ToolSpec, ...]:
+def _tool_specs(conv: Conversation, enforce_all: bool) -> tuple[ToolSpec, ...]:
     specs = []
-    for t in req.tools or []:
-        fn = t.function
-        strict = bool(fn.strict)
-        if fn.parameters and (strict or enforce_all):
+    for t in conv.tools:
+        if t.parameters and (t.strict or enforce_all):
             try:
-                check_schema(fn.parameters, strict, param="tools")
+                check_schema(t.parameters, t.strict, param="tools")
             except ConstraintError as exc:
-                raise BadRequest(f"tool '{fn.name}': {exc}", param="tools") from None
-        specs.append(ToolSpec(fn.name, fn.parameters, strict))
+                raise BadRequest(f"tool '{t.name}': {exc}", param="tools") from None
+        specs.append(ToolSpec(t.name, t.parameters, t.strict))
     return tuple(specs)
 
 
-def _json_constraint(req: ChatCompletionRequest) -> OutputConstraint | None:
-    fmt = req.response_format
-    if fmt is None or fmt.type == "text":
+def _json_constraint(fmt: JsonFormat | None) -> OutputConstraint | None:
+    if fmt is None:
         return None
-    if fmt.type == "json_object":
+    if fmt.schema is None:
         return OutputConstraint("json")
-    spec = fmt.json_schema
-    param = "response_format.json_schema"
-    if not isinstance(spec, Mapping):
-        raise BadRequest(
-            "response_format 'json_schema' needs a json_schema object "
-            '({"name": ..., "schema": {...}, "strict": true})',
-            param=param,
-        )
-    schema = spec.get("schema")
-    if schema is None:
-        # As OpenAI's: json_schema names its schema (json_object asks for any object).
-        raise BadRequest(
-            "response_format 'json_schema' needs json_schema.schema (use type 'json_object' "
-            "for any JSON object)",
-            param=f"{param}.schema",
-        )
-    strict = spec.get("strict") is True
     try:
-        check_schema(schema, strict, param=f"{param}.schema")
+        check_schema(fmt.schema, fmt.strict, param=fmt.param)
     except ConstraintError as exc:
-        raise _bad(exc, f"{param}.schema") from None
-    return OutputConstraint("json", schema=dict(schema), strict=strict)
+        raise _bad(exc, fmt.param) from None
+    return OutputConstraint("json", schema=dict(fmt.schema), strict=fmt.strict)
 
 
-def build_constraint(req: ChatCompletionRequest) -> OutputConstraint | None:
-    """The constraint `req` asks for, or None. Raises `BadRequest` for a schema that is invalid
-    or uses keywords that cannot be enforced, and for forced tool calls without tools."""
-    json_c = _json_constraint(req)
-    choice = req.tool_choice
-    forced = choice == "required" or isinstance(choice, NamedToolChoice)
-    if forced and not req.tools:
-        raise BadRequest(
-            f"tool_choice {'required' if choice == 'required' else 'named'} needs tools",
-            param="tool_choice",
-        )
+def build_constraint(req: ChatCompletionRequest | Conversation) -> OutputConstraint | None:
+    """The constraint a conversation asks for, or None. Raises `BadRequest` for a schema that
+    is invalid or uses keywords that cannot be enforced, and for forced tool calls without
+    tools. (A chat completions body is accepted as such: benchmarks build constraints from
+    the bodies they send.)"""
+    conv = chat_conversation(req) if isinstance(req, ChatCompletionRequest) else req
+    json_c = _json_constraint(conv.json_format)
+    choice = conv.tool_choice
+    forced = choice.kind in ("required", "named")
+    if forced and not conv.tools:
+        raise BadRequest(f"tool_choice {choice.kind} needs tools", param="tool_choice")
     if json_c is not None and forced:
         raise BadRequest(
             "response_format JSON and a forced tool_choice cannot be combined: the answer "
             "would have to be both a JSON document and a tool call",
             param="response_format",
         )
-    parallel = req.parallel_tool_calls is not False
+    parallel = conv.parallel_tool_calls
     if forced:
-        tools = _tool_specs(req, enforce_all=True)
-        if isinstance(choice, NamedToolChoice):
-            tools = tuple(t for t in tools if t.name == choice.function.name)
+        tools = _tool_specs(conv, enforce_all=True)
+        if choice.kind == "named":
+            tools = tuple(t for t in tools if t.name == choice.name)
             parallel = False
         return OutputConstraint(
             "tool_calls", tools=tools, require_call=True, parallel_calls=parallel
         )
-    tools = () if choice == "none" else _tool_specs(req, enforce_all=False)
+    tools = () if choice.kind == "none" else _tool_specs(conv, enforce_all=False)
     if json_c is not None:
         # JSON answer, or (tools offered, tool_choice auto) a well-formed tool call instead.
         return dataclasses.replace(json_c, tools=tools, parallel_calls=parallel)

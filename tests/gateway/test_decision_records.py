@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.gateway.conftest import serve
 from tests.gateway.fake_engine import FakeEngine
-from toolflash.gateway.serving import ControllerRequest
+from toolflash.gateway.prepare import ControllerRequest
 from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.config import PolicyConfig
 from toolflash.policy.controller import PolicyController

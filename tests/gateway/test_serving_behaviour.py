@@ -16,7 +16,7 @@ from tests.gateway.fake_engine import FakeEngine
 from toolflash.engine.api import CycleRecord, GenerationStats, ModeDecision
 from toolflash.gateway.app import create_app
 from toolflash.gateway.config import GatewayConfig
-from toolflash.gateway.serving import ControllerRequest
+from toolflash.gateway.prepare import ControllerRequest
 
 LONG = {
     "model": "fake-model",
