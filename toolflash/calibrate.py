@@ -84,13 +84,13 @@ class Run:
 # -- running ------------------------------------------------------------------------------------
 def _prepare(engine: Engine, body: Mapping[str, Any]) -> Prepared:
     """The gateway's own preparation of a chat request: rendered, classified, constrained."""
-    from toolflash.gateway.chat_prompt import chat_prompt
     from toolflash.gateway.config import GatewayConfig
+    from toolflash.gateway.dialects.openai_request import chat_request
+    from toolflash.gateway.prepare import prepare_now
     from toolflash.gateway.protocol import ChatCompletionRequest
-    from toolflash.gateway.serving_chat import chat_preparer
 
-    req = ChatCompletionRequest.model_validate(dict(body))
-    return chat_preparer(req, chat_prompt(req, engine), GatewayConfig(), "calibration")(engine)
+    req = chat_request(ChatCompletionRequest.model_validate(dict(body)))
+    return prepare_now(req, engine, GatewayConfig(), "calibration")
 
 
 def _generate(engine: Engine, request: GenerationRequest, controller: Any = None) -> int:
