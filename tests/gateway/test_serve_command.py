@@ -73,7 +73,7 @@ def test_engine_factory_is_lazy(monkeypatch: pytest.MonkeyPatch) -> None:
     assert kwargs["cache"].enabled and kwargs["cache"].l2_dir is None
 
 
-def test_served_by_the_command_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_served_by_the_command_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """build_server -> uvicorn binding its own socket: lifespan, engine factory, real requests."""
     import socket
     import threading
@@ -89,7 +89,10 @@ def test_served_by_the_command_path(monkeypatch: pytest.MonkeyPatch) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server, failed = serve.build_server(
-        parse("--port", str(port), "--api-key", "k", "--max-queue", "3")
+        # Its own state directory: a test must not teach the user's policy state.
+        parse(
+            "--port", str(port), "--api-key", "k", "--max-queue", "3", "--state-dir", str(tmp_path)
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

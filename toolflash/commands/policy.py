@@ -1,5 +1,11 @@
-"""`toolflash policy show|check|defaults`: print the effective decoding policy, validate a policy
-file, or print the default file rendered from the settings' declarations."""
+"""`toolflash policy show|check|defaults|reset`: print the effective decoding policy and what it
+has learned here, validate a policy file, print the default file rendered from the settings'
+declarations, or forget what the policy learned (and its calibrations) for one model or all.
+
+The adaptive policy keeps what it learns across runs, and across installs, in its state
+directory (`state_dir` of the policy files, `~/.cache/toolflash` by default; `--state-dir` on
+`serve`, `calibrate` and here): `policy-state.json` (estimates per model) and `calibration/`
+(one record per model, drafter and machine)."""
 
 from __future__ import annotations
 
@@ -7,6 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from toolflash.commands.options import state_file_in
+from toolflash.commands.serve_settings import ServeSettings
+from toolflash.commands.settings_cli import add_flags
 from toolflash.engine.registry import EMBEDDED_MODEL
 from toolflash.policy.config import (
     PolicyConfig,
@@ -24,13 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"model id to match files against ({DEFAULT_MODEL})"
     )
-    show.add_argument(
-        "--config",
-        nargs="+",
-        default=[],
-        metavar="FILE",
-        help="extra policy files, applied after the shipped ones in this order",
+    _add_files(show)
+    reset = sub.add_parser(
+        "reset",
+        help="Forget what the policy learned (estimates and calibrations) for a model, or all.",
     )
+    reset.add_argument(
+        "--model", default=None, help="model id whose state to forget (default: every model)"
+    )
+    _add_files(reset)
     check = sub.add_parser(
         "check", help="Validate a policy file (exit 1 with file, field, reason)."
     )
@@ -41,14 +52,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_files(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="extra policy files, applied after the shipped ones in this order",
+    )
+    add_flags(p, ServeSettings, only=("state_dir",))
+
+
+def state_file(args: argparse.Namespace, model: str) -> Path:
+    """The state file `serve` would use for `model` with these files and --state-dir."""
+    state_dir = getattr(args, "state_dir", None)
+    if state_dir:
+        return state_file_in(state_dir)
+    return PolicyConfig(args.config).for_model(model).state_file()
+
+
 def run(args: argparse.Namespace) -> int:
     action = getattr(args, "policy_command", None)
     try:
         if action == "show":
             policy = PolicyConfig(args.config).for_model(args.model)
             sys.stdout.write(policy.to_yaml())
-            sys.stdout.write(calibration_status(args.model, policy.state_file().parent))
+            where = state_file(args, args.model)
+            sys.stdout.write(state_status(args.model, where))
+            sys.stdout.write(calibration_status(args.model, where.parent))
             return 0
+        if action == "reset":
+            return reset(args.model, state_file(args, args.model or EMBEDDED_MODEL))
         if action == "defaults":
             sys.stdout.write(defaults_yaml())
             return 0
@@ -59,8 +93,53 @@ def run(args: argparse.Namespace) -> int:
     except PolicyFileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print("usage: toolflash policy {show,check,defaults} ...", file=sys.stderr)
+    print("usage: toolflash policy {show,check,defaults,reset} ...", file=sys.stderr)
     return 2
+
+
+def state_status(model: str, path: Path) -> str:
+    """Comment lines saying what the policy has learned and saved in `path`, for `model` and
+    the other models sharing the file."""
+    from toolflash.policy.store import PolicyStore
+
+    saved = PolicyStore(path).saved()
+    mine = saved.pop(model, 0)
+    line = (
+        f"# learned: {mine} estimate rows for {model} in {path}"
+        if mine
+        else f"# learned: nothing for {model} in {path}"
+    )
+    if saved:
+        line += "; also " + ", ".join(f"{m} ({n})" for m, n in sorted(saved.items()))
+    return line + " (`toolflash policy reset [--model M]` forgets it)\n"
+
+
+def reset(model: str | None, path: Path) -> int:
+    """Forget `model`'s (or every model's) saved estimates and calibration records."""
+    from toolflash.policy.calibration import record_dir, records_for
+    from toolflash.policy.store import PolicyStore
+
+    try:
+        forgotten = PolicyStore(path).forget(model)
+        if model is None:
+            root = record_dir(path.parent)
+            records = sorted(root.glob("*.json")) if root.is_dir() else []
+        else:
+            records = [p for p, _ in records_for(path.parent, model)]
+        for record in records:
+            record.unlink(missing_ok=True)
+    except OSError as exc:
+        print(f"toolflash policy reset: {exc}", file=sys.stderr)
+        return 1
+    who = model or "every model"
+    if not forgotten and not records:
+        print(f"nothing learned for {who} in {path.parent}")
+        return 0
+    print(
+        f"forgot {who}: estimates of {', '.join(forgotten) or 'none'} in {path}; "
+        f"{len(records)} calibration record(s) in {record_dir(path.parent)}"
+    )
+    return 0
 
 
 def calibration_status(model: str, state_dir: Path) -> str:
