@@ -136,7 +136,6 @@ class GenerationSession:
             raise ValueError("empty prompt")
         start = self._restore(prompt, restore)
         self._prefill_dense(prompt, start, len(prompt), publish_at, publish)
-        self.computed_prompt_tokens = len(prompt) - start
         return self._commit_first(prompt)
 
     def _restore(self, prompt: Sequence[int], restore: SessionState | None) -> int:
@@ -189,6 +188,7 @@ class GenerationSession:
         )
         self.last_logits = res.logits[0, -1]
         self._prefilled.extend(tokens)
+        self.computed_prompt_tokens += len(tokens)
         if self.draft_ctx is not None and res.features is not None:
             self.draft_ctx.add_features(res.features, position)
             mx.eval(self.last_logits, res.features)
@@ -213,8 +213,22 @@ class GenerationSession:
         if not prompt:
             raise ValueError("empty prompt")
         start = len(restore.tokens) if restore is not None else 0
-        ranges = selection.validate(len(prompt), start)
+        selection.validate(len(prompt), start)  # refused before anything is loaded
         start = self._restore(prompt, restore)
+        self.sparse_feed(prompt, selection, start, publish_at, publish)
+        return self._commit_first(prompt)
+
+    def sparse_feed(
+        self,
+        prompt: Sequence[int],
+        selection: SparseSelection,
+        start: int = 0,
+        publish_at: Sequence[int] = (),
+        publish: Callable[[SessionState], None] | None = None,
+    ) -> None:
+        """`sparse_prefill` without committing the first token, for callers that hold
+        prompt[:start] in the session already (fresh, or a loaded dense prefix)."""
+        ranges = selection.validate(len(prompt), start)
         gap = selection.first_gap(len(prompt))
         if gap > start:
             self._prefill_dense(prompt, start, gap, publish_at, publish)
@@ -225,8 +239,6 @@ class GenerationSession:
                 self.position_shift = pos - cache_offset(self.cache)
                 self._prefill_chunk(prompt[pos:end], pos)
         self.position_shift = len(prompt) - cache_offset(self.cache)
-        self.computed_prompt_tokens = sum(hi - lo for lo, hi in ranges)
-        return self._commit_first(prompt)
 
     # -- state -------------------------------------------------------------------------
     def export_state(self) -> SessionState:

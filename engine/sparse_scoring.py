@@ -117,7 +117,7 @@ def similarity_scores(
     query = h[min(query_from, n - 1) :].mean(axis=0)
     unit = means / (mx.linalg.norm(means, axis=-1, keepdims=True) + 1e-6)
     q = query / (mx.linalg.norm(query) + 1e-6)
-    scores: list[float] = (unit @ q).tolist()
+    scores: list[float] = (unit @ q).tolist()  # type: ignore[assignment]
     return scores
 
 

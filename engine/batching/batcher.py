@@ -91,9 +91,12 @@ class EngineBatcher:
         out.extend(self._retire(gone, lambda e: e.lane.abort()))
         if self.prefilling:
             out.extend(self._prefill(self.prefilling[0]))
-        if len(self.running) == 1:
-            out.extend(self._solo(self.running[0]))
-        elif self.running:
+        for entry in [e for e in self.running if e.lane.solo_only]:
+            out.extend(self._solo(entry))
+        batchable = [e for e in self.running if not e.lane.solo_only]
+        if len(batchable) == 1:
+            out.extend(self._solo(batchable[0]))
+        elif batchable:
             out.extend(self._batched())
         return out
 
@@ -124,14 +127,16 @@ class EngineBatcher:
 
     def _batched(self) -> list[tuple[Hashable, Outcome]]:
         rowed = [e for e in self.running if e.row]
+        alone = [e for e in self.running if e.lane.solo_only]  # stepped by `step` itself
         for entry in self.running:
-            if not entry.row:
+            if not entry.row and not entry.lane.solo_only:
                 entry.lane.leave_solo()
                 self.rows.admit(entry.lane.session.cache)
                 entry.lane.session.cache = []  # the batch holds its state now
                 entry.row = True
                 rowed.append(entry)
-        self.running = entries = rowed  # row order
+        entries = rowed  # row order
+        self.running = [*rowed, *alone]
         lanes = [e.lane for e in entries]
         try:
             t0 = time.perf_counter()
@@ -161,7 +166,7 @@ class EngineBatcher:
                 finished.append(i)
         if finished:
             self.rows.keep([i for i in range(len(entries)) if i not in finished])
-            self.running = [e for i, e in enumerate(entries) if i not in finished]
+            self.running = [e for i, e in enumerate(entries) if i not in finished] + alone
         return out
 
     def _retire(self, entries: list[_Entry], end: object) -> list[tuple[Hashable, Outcome]]:

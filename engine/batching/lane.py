@@ -82,6 +82,10 @@ class Lane:
         self.t0 = time.perf_counter()
         hit = self.cache.lookup(engine.cache_key, prompt) if self.cache is not None else None
         self.restored = len(hit.snapshot.tokens) if hit is not None else 0
+        # Opt-in sparse prefill: its chunks are fed in one scheduler step, and the session
+        # never becomes a batch row (rows rotate at their cache length, a sparse session at
+        # its true positions).
+        self.selection = engine._sparse_selection(request, prompt, self.restored)
         if hit is not None:
             self.session.load_state(hit.snapshot.state)
         self._pos = self.restored
@@ -113,6 +117,12 @@ class Lane:
         session = self.session
         if self._pos >= len(self.prompt):  # the prefix cache held all of it
             return self._first()
+        if self.selection is not None:
+            publish_at, self._publish_at = self._publish_at, []
+            session.sparse_feed(
+                self.prompt, self.selection, self.restored, publish_at, self._deferred.append
+            )
+            return self._first()
         stop = self._publish_at[0] if self._publish_at else len(self.prompt)
         end = min(self._pos + session.prefill_chunk, stop)
         session._prefill_chunk(self.prompt[self._pos : end])
@@ -129,7 +139,7 @@ class Lane:
         first = session._commit_first(self.prompt)
         self.prefilled = True
         if self.cache is not None:
-            self.cache.record_prefill(self.restored, len(self.prompt) - self.restored)
+            self.cache.record_prefill(self.restored, session.computed_prompt_tokens)
         self.prefill_s = time.perf_counter() - self.t0
         self.t_decode = time.perf_counter()
         finished = self.matcher.check([first]) is not None
@@ -151,6 +161,11 @@ class Lane:
         return events
 
     # -- decode ------------------------------------------------------------------------
+    @property
+    def solo_only(self) -> bool:
+        """Whether this lane must decode alone (a sparse session is never a batch row)."""
+        return self.selection is not None
+
     @property
     def cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
@@ -256,7 +271,8 @@ class Lane:
         tail = self.text.flush()
         if tail:
             events.append(TokenEvent((), tail))
-        if self.cache is not None and self.prefilled and self.session.fed > 0:
+        sparse = self.session.lineage == "sparse"  # never reusable: not published
+        if self.cache is not None and self.prefilled and self.session.fed > 0 and not sparse:
             self.cache.publish(self.engine.cache_key, self.session.export_state())
         stats = GenerationStats(
             prompt_tokens=len(self.prompt),
@@ -266,6 +282,8 @@ class Lane:
             decode_s=self.decode_s,
             cycles=tuple(self.cycles),
             constraint=self.session.chooser.stats(),
+            computed_tokens=self.session.computed_prompt_tokens,
+            sparse=sparse,
         )
         events.append(FinishEvent(reason, stats))  # type: ignore[arg-type]
         self.release()

@@ -177,3 +177,37 @@ def test_plan_sparse_only_when_enough_is_left_to_compute() -> None:
         SparsePrefill(keep=0.0)
     with pytest.raises(ValueError, match="scorer"):
         SparsePrefill(keep=0.5, scorer="random")  # type: ignore[arg-type]
+
+
+def test_a_sparse_request_in_the_continuous_batch_decodes_alone(model_dirs: Any) -> None:
+    """Beside dense requests that batch, a sparse one keeps its true positions (it never
+    becomes a batch row) and every output equals the one it gets alone."""
+    from toolflash.engine.batching.batcher import EngineBatcher
+
+    engine = engine_for(model_dirs, None)
+    prompt, _ = long_chat(engine)
+    reqs = {
+        "sparse": GenerationRequest(tuple(prompt), 20, ignore_eos=True, sparse_prefill=SPARSE),
+        "a": GenerationRequest(tuple(prompt[:40]), 24, ignore_eos=True, mode="ar"),
+        "b": GenerationRequest(tuple(prompt[:50]), 16, ignore_eos=True),
+    }
+    want = {key: run(engine, list(r.prompt_tokens), r.max_tokens, mode=r.mode,
+                     sparse_prefill=r.sparse_prefill)[0] for key, r in reqs.items()}  # fmt: skip
+    batcher = EngineBatcher(engine)
+    for key, r in reqs.items():
+        batcher.add(key, r)
+    got: dict[str, list[int]] = {}
+    finish: dict[str, Any] = {}
+    for _ in range(500):
+        if not batcher.size:
+            break
+        for key, events in batcher.step():
+            assert not isinstance(events, BaseException), events
+            for event in events:
+                if isinstance(event, TokenEvent):
+                    got.setdefault(str(key), []).extend(event.token_ids)
+                else:
+                    finish[str(key)] = event
+    assert got == want
+    assert finish["sparse"].stats.sparse and not finish["a"].stats.sparse
+    assert finish["sparse"].stats.computed_tokens < len(prompt)
