@@ -27,9 +27,11 @@ _STOP = object()
 
 
 class LogWriter:
-    """Renders queued event dicts and writes them to `stream`, on its own thread."""
+    """Renders queued event dicts and writes them to `stream` (None: whatever `sys.stderr` is
+    when the line is written, so a redirection, e.g. `doctor` keeping its output to its report,
+    covers lines already queued), on its own thread."""
 
-    def __init__(self, render: Render, stream: TextIO, max_lines: int = 10_000) -> None:
+    def __init__(self, render: Render, stream: TextIO | None, max_lines: int = 10_000) -> None:
         self.render = render
         self.stream = stream
         self.dropped = 0
@@ -65,8 +67,9 @@ class LogWriter:
                 if item is _STOP:
                     return
                 level = str(item.get("level", "info"))
-                self.stream.write(self.render(None, level, item) + "\n")
-                self.stream.flush()
+                stream = self.stream or sys.stderr
+                stream.write(self.render(None, level, item) + "\n")
+                stream.flush()
             except Exception:  # a bad value or a closed stream must not stop later lines
                 pass
             finally:
@@ -98,19 +101,18 @@ def configure_logging(
     *, json_lines: bool = True, level: str = "info", stream: TextIO | None = None
 ) -> LogWriter:
     """Configure structlog process-wide (called by `toolflash serve` and the CLI, never at
-    import); lines go to `stream` (default: stderr). Console lines carry ANSI colours only when
-    the stream is a terminal (a file, journald or a CI log gets plain text). Returns the writer
-    (tests flush it)."""
+    import); lines go to `stream` (default: stderr, as it is when each line is written).
+    Console lines carry ANSI colours only when the stream is a terminal (a file, journald or a
+    CI log gets plain text). Returns the writer (tests flush it)."""
     global _writer
-    out = stream or sys.stderr
     renderer: Render = (
         structlog.processors.JSONRenderer()  # type: ignore[assignment]
         if json_lines
-        else structlog.dev.ConsoleRenderer(colors=is_terminal(out))
+        else structlog.dev.ConsoleRenderer(colors=is_terminal(stream or sys.stderr))
     )
     if _writer is not None:
         _writer.close()
-    writer = _writer = LogWriter(renderer, out)
+    writer = _writer = LogWriter(renderer, stream)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -200,3 +200,65 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 0
     assert out.startswith("toolflash doctor")
     assert "GFLOP/s" in out and "float32" in out and "bfloat16" in out
+
+
+def test_the_engine_check_builds_the_pair_serve_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both embedded pairs present: the engine check builds the default one (the qwen35 pair),
+    not the first found."""
+    root = tmp_path / "tiny"
+    for name, layers in (("qwen3-tiny", 4), ("qwen35-tiny", 5)):  # a draft finds its target
+        write_target(root / name, num_hidden_layers=layers)
+        write_draft(root / f"{name}-dflash", num_target_layers=layers)
+    monkeypatch.setattr(models_cmd, "TINY_ROOT", root)
+    rc, _, checks = run_doctor(capsys)
+    assert rc == 0
+    detail = checks["engine"]["detail"]
+    assert "qwen35-tiny + qwen35-tiny-dflash" in detail and "toolflash-tiny-qwen35" in detail
+
+
+def test_reports_what_the_policy_learned_and_where(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from toolflash.policy.estimates import Estimates
+    from toolflash.policy.store import PolicyStore
+
+    args = argparse.Namespace(json=True, model=None, draft=None, no_bench=True)
+    args.state_dir = str(tmp_path / "state")
+    assert doctor.run(args) == 0
+    check = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}["policy"]
+    assert "nothing learned yet" in check["detail"] and str(tmp_path / "state") in check["detail"]
+    est = Estimates()
+    est.observe_ar("some-model", 0.006, 400)
+    PolicyStore(tmp_path / "state" / "policy-state.json").save("some-model", est)
+    assert doctor.run(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["policy_state"]["estimate_rows"] == {"some-model": 1}
+    assert "some-model (1 rows)" in {c["name"]: c for c in report["checks"]}["policy"]["detail"]
+
+
+def test_prints_only_its_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Loading the models logs (engine lines at info, a warning for a pair without a drafter)
+    and may print: none of it reaches stdout or stderr, even at debug level."""
+    import structlog
+
+    from toolflash.gateway.logs import configure_logging
+
+    root = tmp_path / "tiny"
+    write_target(root / "target")
+    write_draft(root / "draft")
+    monkeypatch.setattr(models_cmd, "TINY_ROOT", root)
+    configure_logging(json_lines=False, level="debug")  # as the CLI does, to stderr
+    try:
+        structlog.get_logger("toolflash.engine.factory").info("before")  # a logger in use
+        capsys.readouterr()
+        rc = doctor.run(argparse.Namespace(json=False, model=None, draft=None, no_bench=True))
+        out, err = capsys.readouterr()
+    finally:
+        structlog.reset_defaults()
+    assert rc == 0 and out.startswith("toolflash doctor") and "engine builds" in out
+    assert err == ""
+    assert all(line.startswith(("toolflash doctor", "  ")) for line in out.splitlines())

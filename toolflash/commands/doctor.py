@@ -1,7 +1,10 @@
-"""`toolflash doctor`: platform, MLX device, BLAS and its speed, versions, model loadability.
+"""`toolflash doctor`: platform, MLX device, BLAS and its speed, versions, model loadability,
+the default pair `serve` would load, and what the adaptive policy has learned on this machine.
 
 Every check reports ok, warn or fail with a reason; the exit code is 1 when any check fails
-(a requested model that does not resolve or load, MLX missing, a broken embedded model).
+(a requested model that does not resolve or load, MLX missing, a broken embedded model). The
+report is the only output: loaders' log lines and prints are swallowed while checks run (a
+failure's reason is in its line).
 """
 
 from __future__ import annotations
@@ -10,14 +13,19 @@ import argparse
 import contextlib
 import functools
 import importlib.metadata
+import io
 import json
+import logging
 import os
 import platform
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from toolflash.commands.serve_settings import ServeSettings
+from toolflash.commands.settings_cli import add_flags
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -76,12 +84,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-bench", action="store_true", help="skip the matmul GFLOP/s measurement"
     )
+    add_flags(parser, ServeSettings, only=("state_dir",))
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Only the report is printed: structlog lines (the engine's loading lines), Python logging
+    (transformers, huggingface_hub) and the loaders' prints are dropped meanwhile."""
+    from toolflash.gateway.logs import flush_logs
+
+    sink = io.StringIO()
+    logging.disable(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            try:
+                yield
+            finally:
+                flush_logs()  # lines queued meanwhile are written into the sink
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def run(args: argparse.Namespace) -> int:
     report = Report()
-    # Loaders log (structlog prints to stdout by default): keep stdout for the report alone.
-    with contextlib.redirect_stdout(sys.stderr):
+    with quiet():
         check_platform(report)
         mlx_ok = check_mlx(report)
         if mlx_ok:
@@ -91,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             check_embedded(report)
             if args.model or args.draft:
                 check_requested(report, args.model, args.draft)
+        report.guard("policy", lambda: check_policy_state(report, getattr(args, "state_dir", None)))
     if args.json:
         payload = {
             **report.facts,
@@ -320,8 +347,19 @@ def check_embedded(report: Report) -> None:
         if report.checks[before].status == "ok":
             pairs.append((partner, Path(m.path)))
     if pairs:
-        target, draft = pairs[0]
+        target, draft = _served_pair(pairs)
         report.guard("engine", functools.partial(_build_engine, target.path, draft))
+
+
+def _served_pair(pairs: list[tuple[LoadedTarget, Path]]) -> tuple[LoadedTarget, Path]:
+    """The pair `toolflash serve` loads with no --model (else the first that loaded)."""
+    from toolflash.engine.registry import EMBEDDED_MODEL, EMBEDDED_PAIRS
+
+    target_dir, draft_dir = EMBEDDED_PAIRS[EMBEDDED_MODEL]
+    for target, draft in pairs:
+        if target.path.name == target_dir and draft.name == draft_dir:
+            return target, draft
+    return pairs[0]
 
 
 def _partner(draft: Path, targets: list[LoadedTarget]) -> LoadedTarget | None:
@@ -344,9 +382,46 @@ def _partner(draft: Path, targets: list[LoadedTarget]) -> LoadedTarget | None:
 
 def _build_engine(target: Path, draft: Path) -> tuple[Status, str]:
     from toolflash.engine.factory import build_engine
+    from toolflash.engine.registry import EMBEDDED_MODEL, EMBEDDED_PAIRS
 
     engine = build_engine(str(target), str(draft))
+    served = EMBEDDED_PAIRS[EMBEDDED_MODEL] == (target.name, draft.name)
     return "ok", (
-        f"engine builds from {target.name} + {draft.name} "
+        f"engine builds from {target.name} + {draft.name}"
+        f"{f' (what `toolflash serve` serves as {EMBEDDED_MODEL})' if served else ''} "
         f"(context {engine.context_length}, tool format {engine.tool_call_format})"
+    )
+
+
+# --- the policy's state ----------------------------------------------------------------------
+
+
+def check_policy_state(report: Report, state_dir: str | None) -> tuple[Status, str]:
+    """What the adaptive policy has learned and calibrated on this machine, and where (it
+    persists across runs and installs: `toolflash policy reset` forgets it)."""
+    from toolflash.commands.options import state_file_in
+    from toolflash.engine.registry import EMBEDDED_MODEL
+    from toolflash.policy.calibration import record_dir
+    from toolflash.policy.config import PolicyConfig
+    from toolflash.policy.store import PolicyStore
+
+    path = (
+        state_file_in(state_dir)
+        if state_dir
+        else PolicyConfig().for_model(EMBEDDED_MODEL).state_file()
+    )
+    saved = PolicyStore(path).saved()
+    records = record_dir(path.parent)
+    calibrations = len(list(records.glob("*.json"))) if records.is_dir() else 0
+    report.facts["policy_state"] = {
+        "path": str(path),
+        "estimate_rows": saved,
+        "calibrations": calibrations,
+    }
+    if not saved and not calibrations:
+        return "ok", f"{path}: nothing learned yet (the first serve of a pair calibrates it)"
+    models = ", ".join(f"{m} ({n} rows)" for m, n in sorted(saved.items())) or "no estimates"
+    return "ok", (
+        f"{path}: {models}; {calibrations} calibration record(s) "
+        "(`toolflash policy show --model M`; `toolflash policy reset [--model M]` forgets)"
     )
