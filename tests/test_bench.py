@@ -73,3 +73,46 @@ def test_draft_lengths_side_by_side_share_the_ar_runs() -> None:
     measured = [s for s in seen if s[2] == 16]  # the warm-up asks for 8 tokens
     assert measured == [("ar", None, 16), ("spec", "fixed", 16), ("spec", "adaptive", 16)]
     assert "adaptive" in format_report(report) and "fixed" in format_report(report)
+
+
+def test_progress_bar_counts_every_measured_run_and_the_report_says_what_it_measures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    prompts = [
+        BenchPrompt(kind, [{"role": "user", "content": "SCRIPT:hello there"}])
+        for kind in ("code", "code", "json")
+    ]
+    report = run_benchmark(
+        FakeEngine(), prompts, max_tokens=8, repeats=2, draft_lengths=("fixed", "adaptive"),
+        progress=True,
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert "bench" in err and "18/18" in err  # 3 prompts x 2 repeats x (AR + 2 spec)
+    first = format_report(report).splitlines()[0]
+    assert first.startswith("speculative vs toolflash's own AR decoding, 2 prompts per kind")
+    assert "8 new tokens, 2 repetition(s)" in first and "--baseline mlx-lm" in first
+    run_benchmark(FakeEngine(), prompts, max_tokens=8)
+    assert capsys.readouterr().err == ""  # no bar unless asked
+
+
+def test_no_flags_run_the_readme_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`toolflash bench` alone: every held-out prompt per kind (30), 128 new tokens, one
+    repetition, adaptive draft length: the run behind the README's figures."""
+    import toolflash.engine.factory as factory
+    from toolflash.cli import build_parser
+    from toolflash.commands import bench as bench_command
+
+    seen: dict[str, Any] = {}
+
+    def fake_run(engine: Any, prompts: Any, *args: Any, **kw: Any) -> dict[str, Any]:
+        seen.update(prompts=prompts, args=args, kw=kw)
+        return {"model": "m", "draft": "d", "max_tokens": args[0], "repeats": args[1],
+                "machine": {"device": "fake", "blas": "none"}, "kinds": []}  # fmt: skip
+
+    monkeypatch.setattr(factory, "build_engine", lambda *a, **kw: FakeEngine())
+    monkeypatch.setattr(bench, "run_benchmark", fake_run)
+    assert bench_command.run(build_parser().parse_args(["bench"])) == 0
+    kinds = [p.kind for p in seen["prompts"]]
+    assert {kinds.count(k) for k in set(kinds)} == {30} and len(set(kinds)) == 4
+    assert seen["args"][:2] == (128, 1) and list(seen["args"][4]) == ["adaptive"]
+    assert seen["kw"]["progress"] is True

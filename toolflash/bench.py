@@ -8,6 +8,9 @@ whether speculative output equalled AR output token for token (the lossless cont
 With several temperatures every prompt runs at each of them in the same process: greedy
 (temperature 0) must be token-identical across modes; sampled runs use exact speculative
 sampling (same distribution, not the same tokens), seeded so a run can be repeated.
+
+The ratio is speculative decoding against toolflash's own AR decoding, not against plain
+mlx-lm (that is `toolflash bench --baseline mlx-lm`, `toolflash/baseline_bench.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 import platform
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -96,11 +99,12 @@ def bench_kind(
     temperature: float = 0.0,
     seed: int = 0,
     draft_lengths: Sequence[DraftLength] = ("adaptive",),
+    on_run: Callable[[], object] = lambda: None,
 ) -> list[KindResult]:
     """Run every prompt of one kind at `temperature`: AR, then spec once per draft length,
     back to back; one result per draft length (the AR runs are shared), with medians of
     per-run decode speed and the pooled ratio. Sampled runs take seeds seed, seed+1, ...
-    (one per run)."""
+    (one per run). `on_run` is called after each measured run (a progress bar)."""
     ar_speeds: list[float] = []
     ar_pooled = [0.0, 0.0]  # tokens, decode seconds
     spec: dict[DraftLength, _SpecRuns] = {d: _SpecRuns() for d in draft_lengths}
@@ -113,6 +117,7 @@ def bench_kind(
             sampling = SamplingParams(temperature=temperature, seed=seed)
             seed += 1
             ar_tokens, ar = _run(engine, ids, "ar", max_tokens, sampling)
+            on_run()
             ar_speeds.append(ar.decode_tokens_per_s)
             ar_pooled[0] += ar.completion_tokens
             ar_pooled[1] += ar.decode_s
@@ -120,6 +125,7 @@ def bench_kind(
             for draft_length, runs in spec.items():
                 tokens, stats = _run(engine, ids, "spec", max_tokens, sampling, draft_length)
                 runs.add(tokens == ar_tokens, stats)
+                on_run()
     ar_med = statistics.median(ar_speeds)
     return [
         runs.result(
@@ -207,19 +213,26 @@ def run_benchmark(
     temperatures: Sequence[float] = (0.0,),
     seed: int = 0,
     draft_lengths: Sequence[DraftLength] = ("adaptive",),
+    progress: bool = False,
 ) -> dict[str, Any]:
     """All kinds at every temperature and draft length; returns a JSON-able report with
-    versions and machine."""
+    versions and machine. `progress`: a bar on stderr, one step per measured run."""
+    from tqdm import tqdm
+
     kinds: dict[str, list[BenchPrompt]] = {}
     for p in prompts:
         kinds.setdefault(p.kind, []).append(p)
     t0 = time.perf_counter()
-    results = [
-        r
-        for k, ps in kinds.items()
-        for t in temperatures
-        for r in bench_kind(engine, k, ps, max_tokens, repeats, t, seed, draft_lengths)
-    ]
+    total = len(prompts) * len(temperatures) * repeats * (1 + len(draft_lengths))
+    with tqdm(total=total, unit="run", desc="bench", disable=not progress) as bar:
+        results = [
+            r
+            for k, ps in kinds.items()
+            for t in temperatures
+            for r in bench_kind(
+                engine, k, ps, max_tokens, repeats, t, seed, draft_lengths, bar.update
+            )
+        ]
     return {
         "model": engine.model_id,
         "draft": engine.draft_id,
@@ -252,6 +265,7 @@ def machine_info() -> dict[str, Any]:
 def format_report(report: Mapping[str, Any]) -> str:
     """A fixed-width table of the report."""
     lines = [
+        describe(report),
         f"model={report['model']} draft={report['draft']} max_tokens={report['max_tokens']} "
         f"device={report['machine']['device']} blas={report['machine']['blas']}",
         f"{'kind':<10} {'temp':>5} {'draft':>8} {'AR tok/s':>9} {'spec tok/s':>10} {'speedup':>8} "
@@ -286,6 +300,16 @@ def format_report(report: Mapping[str, Any]) -> str:
             ]
             lines.append(f"{kind:<10} " + " ".join(f"{c:>15}" for c in cells))
     return "\n".join(lines)
+
+
+def describe(report: Mapping[str, Any]) -> str:
+    """What the run measured, in one line (the table's ratios are to toolflash's own AR)."""
+    per_kind = max((r["prompts"] for r in report["kinds"]), default=0)
+    return (
+        f"speculative vs toolflash's own AR decoding, {per_kind} prompts per kind, "
+        f"{report['max_tokens']} new tokens, {report['repeats']} repetition(s), side by side "
+        "in one process (against plain mlx-lm: --baseline mlx-lm)"
+    )
 
 
 def load_prompts(path: str) -> list[BenchPrompt]:
