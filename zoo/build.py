@@ -121,7 +121,11 @@ def default_jobs(families: int) -> int:
 
 
 def build_family(
-    out: Path, recipe: FamilyRecipe = CPU, seed: int = 0, jobs: int | None = None
+    out: Path,
+    recipe: FamilyRecipe = CPU,
+    seed: int = 0,
+    jobs: int | None = None,
+    progress: bool = False,
 ) -> FamilyBuild:
     """Build every stage of `recipe` under `out`; returns what it wrote.
 
@@ -130,8 +134,11 @@ def build_family(
     embedded family is), `out/corpus.jsonl` the records, `out/prompts_*.jsonl` the drafters'
     distillation and evaluation prompts, and `out/build.json` this summary. `jobs` worker
     processes build the families (default `default_jobs`); 1 builds them one after the other
-    in this process.
+    in this process. `progress`: a bar on stderr over the shared stages and the families (each
+    family's target, prompts and drafter are one step: they run in a worker).
     """
+    from tqdm import tqdm
+
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     build = FamilyBuild(root=out, seed=seed, recipe=recipe, tokenizer_dir=out / "tokenizer")
@@ -142,26 +149,31 @@ def build_family(
     build.jobs = min(len(members), default_jobs(len(members)) if jobs is None else jobs) or 1
     log.info("zoo.build.start", out=str(out), seed=seed, recipe=recipe.name, jobs=build.jobs)
 
-    with _stage(build, "corpus"):
-        records = build_corpus(seed, recipe.corpus_size)
-        write_corpus(records, out / "corpus.jsonl")
-        build.corpus_records = len(records)
-        build.corpus_bytes = sum(record_size(r) for r in records)
-    with _stage(build, "tokenizer"):
-        build_tokenizer(records, build.tokenizer_dir)
-    with _stage(build, "tokenize"):
-        stream, digest = tokenize_corpus(records, build.tokenizer_dir)
-        build.corpus_tokens, build.corpus_digest = int(len(stream)), digest
-
-    for result in _run_members(members, records, stream, digest, build.jobs):
-        build.target_dirs[result.family] = result.target_dir
-        build.training[result.family] = result.training
-        if result.drafter_dir is not None and result.drafter is not None:
-            build.drafter_dirs[result.family] = result.drafter_dir
-            build.drafters[result.family] = result.drafter
-        build.stage_seconds.update(result.stage_seconds)
-        build.wall_seconds = round(time.perf_counter() - start, 1)
-        _save(build)
+    bar = tqdm(total=3 + len(members), desc="zoo build: corpus", disable=not progress)
+    with bar:
+        with _stage(build, "corpus", bar):
+            records = build_corpus(seed, recipe.corpus_size)
+            write_corpus(records, out / "corpus.jsonl")
+            build.corpus_records = len(records)
+            build.corpus_bytes = sum(record_size(r) for r in records)
+        bar.set_description("zoo build: tokenizer")
+        with _stage(build, "tokenizer", bar):
+            build_tokenizer(records, build.tokenizer_dir)
+        bar.set_description("zoo build: tokenize")
+        with _stage(build, "tokenize", bar):
+            stream, digest = tokenize_corpus(records, build.tokenizer_dir)
+            build.corpus_tokens, build.corpus_digest = int(len(stream)), digest
+        bar.set_description(f"zoo build: {len(members)} families, {build.jobs} worker(s)")
+        for result in _run_members(members, records, stream, digest, build.jobs):
+            build.target_dirs[result.family] = result.target_dir
+            build.training[result.family] = result.training
+            if result.drafter_dir is not None and result.drafter is not None:
+                build.drafter_dirs[result.family] = result.drafter_dir
+                build.drafters[result.family] = result.drafter
+            build.stage_seconds.update(result.stage_seconds)
+            build.wall_seconds = round(time.perf_counter() - start, 1)
+            _save(build)
+            bar.update()
     build.wall_seconds = round(time.perf_counter() - start, 1)
     build.files = family_files(out)
     _save(build)
@@ -257,11 +269,13 @@ def _timed(seconds: dict[str, float], name: str) -> Iterator[None]:
 
 
 @contextmanager
-def _stage(build: FamilyBuild, name: str) -> Iterator[None]:
-    """Time one shared stage into `build.stage_seconds` and rewrite build.json after it."""
+def _stage(build: FamilyBuild, name: str, bar: Any) -> Iterator[None]:
+    """Time one shared stage into `build.stage_seconds`, rewrite build.json and step the
+    progress bar after it."""
     with _timed(build.stage_seconds, name):
         yield
     _save(build)
+    bar.update()
 
 
 def _save(build: FamilyBuild) -> None:

@@ -120,12 +120,15 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 
 def test_one_job_builds_in_process_what_a_worker_builds(
-    two_builds: tuple[Path, Path], tmp_path: Path
+    two_builds: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Not byte for byte: the worker runs OpenBLAS on one thread, this process on every core,
     # and OpenBLAS splits some products differently (the bytes follow the thread count).
-    build = build_family(tmp_path, TEST_RECIPE.only(("qwen3",)).without_drafters(), 3, jobs=1)
+    recipe = TEST_RECIPE.only(("qwen3",)).without_drafters()
+    build = build_family(tmp_path, recipe, 3, jobs=1, progress=True)
     assert build.jobs == 1 and set(build.target_dirs) == {"qwen3"}
+    bar = capsys.readouterr().err  # three shared stages and one family
+    assert "zoo build: 1 families, 1 worker(s)" in bar and "4/4" in bar
     worker = json.loads((two_builds[0] / "build.json").read_text())["training"]["qwen3"]
     assert build.training["qwen3"].first_loss == pytest.approx(worker["first_loss"], abs=1e-4)
     assert build.training["qwen3"].final_loss == pytest.approx(worker["final_loss"], abs=1e-2)

@@ -47,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="build only these targets and their drafters (repeatable; default both)",
     )
     build.add_argument("--targets-only", action="store_true", help="skip the drafters")
+    build.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     build.add_argument(
         "--jobs",
         type=positive_int,
@@ -228,7 +229,9 @@ def _build(args: argparse.Namespace) -> int:
 
     recipe = recipe_from_args(args)
     print(json.dumps({"recipe": recipe.to_json(), "seed": args.seed}, indent=2), flush=True)
-    build = build_family(args.out, recipe, seed=args.seed, jobs=args.jobs)
+    build = build_family(
+        args.out, recipe, seed=args.seed, jobs=args.jobs, progress=not args.no_progress
+    )
     summary = build.to_json()
     summary.pop("training")
     summary.pop("recipe")
