@@ -319,13 +319,19 @@ class ModeController(Protocol):
     `prepare` on another thread while the prefill computes (reads the start decision needs,
     made off the decode path), `observe_prefix` with the text of the token the prefill chose,
     `start` after it, `after_step` after every cycle or AR step with what it committed, and
-    `finish` once with the totals, after the `FinishEvent` is out."""
+    `finish` once with the totals, after the `FinishEvent` is out. `default_block_size` is the
+    drafter's block (0: no drafter, so no spec), `lookup_block` the engine's lookup block (0:
+    no lookup)."""
 
-    def prepare(self, prompt_tokens: int, default_block_size: int) -> None: ...
+    def prepare(
+        self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0
+    ) -> None: ...
 
     def observe_prefix(self, text: str) -> None: ...
 
-    def start(self, prompt_tokens: int, default_block_size: int) -> ModeDecision: ...
+    def start(
+        self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0
+    ) -> ModeDecision: ...
 
     def after_step(
         self, record: CycleRecord, token_ids: Sequence[int], text: str

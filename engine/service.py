@@ -314,11 +314,14 @@ class DFlashEngine:
         # token is out: publishing evaluates and queues them (L2), which must not delay TTFT.
         # MLX arrays are values, so a state exported mid-prefill is unchanged by what follows.
         deferred: list[SessionState] = []
-        # Without a drafter there is nothing to choose: the controller is not consulted.
-        if self.drafter is None:
-            controller = None
+        # The arms a controller may choose from: spec up to the drafter's block (0: none),
+        # lookup at its block.
+        arm_blocks = (
+            block_size if self.drafter is not None else 0,
+            self.options.lookup.block_size,
+        )
         prepared = (
-            self._prepare(controller, len(prompt), block_size) if controller is not None else None
+            self._prepare(controller, len(prompt), arm_blocks) if controller is not None else None
         )
         restore = hit.snapshot.state if hit is not None else None
         publish_at = request.publish_at if cache is not None else ()
@@ -338,7 +341,7 @@ class DFlashEngine:
             prepared.result()  # done by now: it ran beside the prefill
             # The first token may already open a span (`<tool_call>`, `<think>`, `{`).
             controller.observe_prefix(first_text or self.decode([first]))
-            decision = controller.start(len(prompt), block_size)
+            decision = controller.start(len(prompt), *arm_blocks)
             mode, block_size = decision.mode, decision.block_size
         if not finished:
             self._prepare_next(session, request, mode, block_size, schedule, matcher, 0)
@@ -450,13 +453,13 @@ class DFlashEngine:
         return "ar" if mode == "spec" and self.drafter is None else mode
 
     def _prepare(
-        self, controller: ModeController, prompt_tokens: int, block_size: int
+        self, controller: ModeController, prompt_tokens: int, arm_blocks: tuple[int, int]
     ) -> Future[None]:
         """Start `controller.prepare` on the preparer thread (one at a time, in order: a
         request's reads never overlap the previous request's)."""
         if self._preparer is None:
             self._preparer = ThreadPoolExecutor(1, thread_name_prefix="toolflash-prepare")
-        return self._preparer.submit(controller.prepare, prompt_tokens, block_size)
+        return self._preparer.submit(controller.prepare, prompt_tokens, *arm_blocks)
 
     def _logprobs(self, raw: Sequence[RawLogprob]) -> tuple[TokenLogprob, ...]:
         """With token texts; EOS tokens never become text, so they get no entry either."""

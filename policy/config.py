@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .request_class import label_scheme
 
-ModeChoice = Literal["adaptive", "spec", "ar"]
+ModeChoice = Literal["adaptive", "spec", "ar", "lookup"]
 SpanKey = Literal["text", "reasoning", "tool_call", "json", "*"]
 DEFAULT_FILE = "default.yaml"
 
@@ -52,6 +52,7 @@ class SpanSettings(_Strict):
     switch_margin: float | None = Field(default=None, ge=0.0, le=1.0)
     min_confidence: float | None = Field(default=None, gt=0.5, lt=1.0)
     min_samples: float | None = Field(default=None, ge=0.0)
+    lookup: bool | None = None
 
     @field_validator("block_sizes")
     @classmethod
@@ -68,7 +69,9 @@ class SpanSettings(_Strict):
 class Defaults(SpanSettings):
     """Every (request class, span kind) unless `classes` says otherwise."""
 
-    mode: ModeChoice | None = Field(default="adaptive", description="adaptive | spec | ar")
+    mode: ModeChoice | None = Field(
+        default="adaptive", description="adaptive | spec | ar | lookup (always that arm)"
+    )
     block_sizes: list[int] | None = Field(
         default_factory=lambda: [16, 8, 4],
         min_length=1,
@@ -84,6 +87,11 @@ class Defaults(SpanSettings):
         default=3.0,
         ge=0.0,
         description="fewer effective samples than this: the estimate is uncertain",
+    )
+    lookup: bool | None = Field(
+        default=True,
+        description="adaptive may choose lookup drafting (drafts copied from the prompt and"
+        " output; the only speculation for a target without a drafter)",
     )
 
 
@@ -261,6 +269,7 @@ class SpanRule:
     switch_margin: float
     min_confidence: float
     min_samples: float
+    lookup: bool = True
 
 
 def _specificity(pattern: str) -> int:
@@ -318,6 +327,7 @@ class EffectivePolicy:
             switch_margin=float(merged["switch_margin"]),
             min_confidence=float(merged["min_confidence"]),
             min_samples=float(merged["min_samples"]),
+            lookup=bool(merged["lookup"]),
         )
 
     def to_yaml(self) -> str:

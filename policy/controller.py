@@ -89,7 +89,8 @@ class PolicyController:
         self.timing_wall = self.policy.estimates.timing == "wall"
         self.arm: Arm = AR
         self.reason = ""
-        self.max_block = 16
+        self.max_block = 16  # the drafter's largest block (0: no drafter)
+        self.lookup_block = 0  # the engine's lookup block (0: no lookup)
         self.steps = self.tokens = self.dwell = self.switches = 0
         # Rechecks back off while they change nothing (`_recheck_done`, `_reset_rechecks`).
         self._interval = self._next_check = self.dec.recheck_every
@@ -103,20 +104,21 @@ class PolicyController:
         # span kind, and the arm each span would open with where the class says AR.
         self._prepared: dict[str, Choice] = {}
         self._opening_if_ar: dict[str, Arm | None] = {}
-        self._prepared_for: tuple[int, int] | None = None
+        self._prepared_for: tuple[int, int, int] | None = None
 
     # -- ModeController -----------------------------------------------------------------------
     def observe_prefix(self, text: str) -> None:
         """Text committed before `start` (the token the prefill chose), for span tracking."""
         self.spans.push(text)
 
-    def prepare(self, prompt_tokens: int, default_block_size: int) -> None:
+    def prepare(self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0) -> None:
         """Read ahead what the request's first decisions need: the start choice in each span
         kind at this context length, and whether each could open with a trial. The engine calls
         this on another thread while the prefill computes (nothing else touches the estimates
         then), so `start`, and span entries within the first `_PREPARED_STEPS` steps, only
         choose among reads already made. `start` prepares itself when not prepared."""
-        self.max_block = max(default_block_size, 2)
+        self.max_block = default_block_size if default_block_size >= 2 else 0
+        self.lookup_block = lookup_block
         self.reads.begin_prepare(prompt_tokens)
         for span in SPAN_KINDS:
             rule = self.policy.rule(self.label, span)
@@ -124,11 +126,13 @@ class PolicyController:
             self._opening_if_ar[span] = self.trials.opening_candidate(rule, span, AR)
             self.best_block(span)  # read by the record of a decision for AR
         self.reads.keep_prepared()
-        self._prepared_for = (prompt_tokens, self.max_block)
+        self._prepared_for = (prompt_tokens, default_block_size, lookup_block)
 
-    def start(self, prompt_tokens: int, default_block_size: int) -> ModeDecision:
-        if self._prepared_for != (prompt_tokens, max(default_block_size, 2)):
-            self.prepare(prompt_tokens, default_block_size)
+    def start(
+        self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0
+    ) -> ModeDecision:
+        if self._prepared_for != (prompt_tokens, default_block_size, lookup_block):
+            self.prepare(prompt_tokens, default_block_size, lookup_block)
         span = self.spans.kind
         arm, reason, kind = self._prepared[span]
         opening = self.trials.allowed_opening(
@@ -289,7 +293,7 @@ class PolicyController:
         self, rule: SpanRule, span: str, current: Arm | None, fresh_block: bool = False
     ) -> Choice:
         """`decide.choose` over this step's reads of the rule's arms."""
-        allowed = decide.arms(rule, self.max_block)
+        allowed = self.arms(rule)
         est = {a: self.reads.throughput(a, span) for a in allowed}
         return decide.choose(
             rule,
@@ -302,9 +306,13 @@ class PolicyController:
             fresh_block=fresh_block,
         )
 
+    def arms(self, rule: SpanRule) -> list[Arm]:
+        """The arms `rule` allows on this engine."""
+        return decide.arms(rule, self.max_block, self.lookup_block)
+
     def best_block(self, span: str) -> int:
         rule = self.policy.rule(self.label, span)
-        allowed = decide.arms(rule, self.max_block)
+        allowed = self.arms(rule)
         spec = {a: self.reads.throughput(a, span) for a in allowed if a[0] == "spec"}
         return decide.best_block(rule, allowed, spec)
 
@@ -318,11 +326,11 @@ class PolicyController:
             block = arm[1] if arm[0] == "spec" else self.best_block(span)
             spec, tau = self.reads.estimate(("spec", block), span)
             surplus = Surplus(spec, self.reads.throughput(AR, span), tau, block)
-            spec_block = arm[1] if arm[0] == "spec" else None
+            arm_block = arm[1] if arm[0] != "ar" else None
             # Only the record is made here; its log line and counter come at finish (`_publish`).
             self.decided.add(
                 DecisionRecord(
-                    self.steps, arm[0], spec_block, reason, span, kind, self.tokens, surplus
+                    self.steps, arm[0], arm_block, reason, span, kind, self.tokens, surplus
                 )
             )
         self.arm = arm
@@ -352,7 +360,7 @@ class PolicyController:
     def _decision(self) -> ModeDecision:
         mode, block = self.arm
         made = self._made
-        size = block if mode == "spec" else self.max_block
+        size = block if mode != "ar" else self.max_block
         if (
             made is None
             or made.mode != mode

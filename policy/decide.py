@@ -1,8 +1,9 @@
 """The policy's decisions as pure functions of a span's rule and the throughput estimates read for it.
 
-An arm is what a step runs: AR, or spec at one block size. Given the rule of a (class, span kind)
+An arm is what a step runs: AR, spec at one block size, or lookup (drafts copied from the prompt
+and output, engine/lookup.py) at its block. Given the rule of a (class, span kind)
 and the estimates of its arms (`Throughput` per arm, read by the controller once per step):
-- `arms`: the arms a rule allows under the drafter's largest block;
+- `arms`: the arms a rule allows under the drafter's largest block and the engine's lookup block;
 - `choose`: the arm for a span, keeping the current one unless another is faster by the switch
   margin with confidence (a span's first decision picks its block afresh: `settled_block`);
 - `settled_block`: the spec block to settle on (the largest, unless a smaller is clearly faster);
@@ -23,7 +24,7 @@ from typing import Literal
 from .config import SpanRule
 from .estimates import UNKNOWN, Throughput, normal_cdf
 
-Arm = tuple[str, int]  # ("ar", 1) or ("spec", block_size)
+Arm = tuple[str, int]  # ("ar", 1), ("spec", block_size) or ("lookup", block_size)
 Scope = tuple[str, str, str]  # model, class label, span kind
 Verdict = Literal["spec", "ar", "unsure"]
 # (arm, reason, decision kind)
@@ -33,7 +34,7 @@ AR: Arm = ("ar", 1)
 
 
 def arm_name(arm: Arm) -> str:
-    return "ar" if arm[0] == "ar" else f"spec{arm[1]}"
+    return "ar" if arm[0] == "ar" else f"{arm[0]}{arm[1]}"
 
 
 def fmt(arm: Arm, est: Mapping[Arm, Throughput]) -> str:
@@ -66,11 +67,17 @@ def beats(alt: Throughput, cur: Throughput, rule: SpanRule) -> bool:
     )
 
 
-def arms(rule: SpanRule, max_block: int) -> list[Arm]:
-    """The arms `rule` allows: spec at each of its blocks up to `max_block` (largest first), then AR."""
-    blocks = [b for b in rule.block_sizes if b <= max_block] or [max_block]
-    out: list[Arm] = [("spec", b) for b in blocks] if rule.mode != "ar" else []
-    if rule.mode != "spec":
+def arms(rule: SpanRule, max_block: int, lookup_block: int = 0) -> list[Arm]:
+    """The arms `rule` allows: spec at each of its blocks up to `max_block` (the drafter's
+    largest; below 2: no drafter), largest first, then lookup at `lookup_block` (0: the engine
+    runs none), then AR. A rule for an arm the engine cannot run falls back to AR."""
+    out: list[Arm] = []
+    if rule.mode in ("adaptive", "spec") and max_block >= 2:
+        blocks = [b for b in rule.block_sizes if b <= max_block] or [max_block]
+        out.extend(("spec", b) for b in blocks)
+    if lookup_block >= 2 and (rule.mode == "lookup" or (rule.mode == "adaptive" and rule.lookup)):
+        out.append(("lookup", lookup_block))
+    if rule.mode in ("adaptive", "ar") or not out:
         out.append(AR)
     return out
 
@@ -127,8 +134,8 @@ def choose(
     kind = "start" if current is None else "span"
     known = [a for a in allowed if est[a].known]
     if current not in allowed:
-        if not any(a[0] == "spec" for a in known):
-            # Nothing measured for spec here: start optimistic (or as configured); the first
+        if not any(a[0] != "ar" for a in known):
+            # No speculative arm measured here: start optimistic (or as configured); the first
             # cycles measure it, and a probe covers the other side.
             arm = AR if (initial_mode == "ar" or not allowed[0][0] == "spec") else allowed[0]
             if arm not in allowed:

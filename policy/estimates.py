@@ -25,6 +25,11 @@ both take forced runs, so each arm's seconds per token mix its plain cycles or s
 forced runs in its measured share (`with_forced`, `ar` with a scope). Throughput is always
 committed tokens per second: an AR step that committed a run counts all its tokens.
 
+Lookup drafting (engine/lookup.py) is learned whole, per (model, class, span, block): committed
+tokens and seconds per lookup step, hits and misses alike (a miss is an AR step), since how often
+the output copies its context and how long the copies run both depend on what is generated, and a
+step's cost on how much it drafted. Pooled per span kind and over everything like tau.
+
 Every estimate is an exponentially decayed mean with variance: each new sample multiplies the old
 weight by `sample_decay`, and weight also halves every `half_life_s` seconds of the injected clock,
 so estimates follow the workload and stale ones become uncertain (and get re-probed).
@@ -230,6 +235,9 @@ class Estimates:
         # when a prior is read or the tables are saved: the priors serve classes and spans
         # without their own measurements, so the per-cycle path need not update them.
         self._pooled: list[tuple[str, str, int, float, float]] = []
+        # Lookup steps: committed tokens and seconds per step (the pools under POOL labels).
+        self.lookup_tokens: dict[TauKey, Stat] = {}
+        self.lookup_s: dict[TauKey, Stat] = {}
 
     def bucket(self, context_len: int) -> int:
         return context_bucket(context_len, self.smallest_bucket)
@@ -308,6 +316,17 @@ class Estimates:
         self._add(self.ar_tokens, key, committed, now)
         self._add(self.ar_forced_tokens, key, forced, now)
 
+    def observe_lookup(
+        self, model: str, label: str, span: str, block_size: int, committed: int, seconds: float
+    ) -> None:
+        """One lookup step at `block_size` (a verified continuation, or an AR step where none
+        matched) that committed `committed` tokens in `seconds`."""
+        now = self.clock()
+        for scope_label, scope_span in ((label, span), (POOL, span), (POOL, POOL)):
+            key = (model, scope_label, scope_span, block_size)
+            self._add(self.lookup_tokens, key, float(committed), now)
+            self._add(self.lookup_s, key, seconds, now, True)
+
     def observe_ar(
         self, model: str, seconds: float, context_len: int, scope: ScopeKey | None = None
     ) -> None:
@@ -375,6 +394,29 @@ class Estimates:
         tau_se = math.sqrt(max(tau.var, _TAU_ABS_FLOOR**2) / n_tau)
         drafted = self._rate(mean, tau_se, cyc, now, own)
         return self.with_forced(model, label, span, block_size, drafted), mean
+
+    def lookup(
+        self, model: str, label: str, span: str, block_size: int
+    ) -> tuple[Throughput, float]:
+        """Lookup tokens/s and tokens per step for this class, span and block: its own, else
+        the span's or the model's pool as a prior (0 own samples, so it is still probed)."""
+        now = self.clock()
+        own = 0.0
+        for scope_label, scope_span in ((label, span), (POOL, span), (POOL, POOL)):
+            key = (model, scope_label, scope_span, block_size)
+            tokens, secs = self.lookup_tokens.get(key), self.lookup_s.get(key)
+            if tokens is None or secs is None:
+                continue
+            n = tokens.effective(now, self.half_life_s)
+            if n <= 0:
+                continue
+            if scope_label == label:
+                own = n
+            else:
+                n = min(n, PRIOR_SAMPLES)
+            tokens_se = math.sqrt(max(tokens.var, (_TIME_REL_FLOOR * tokens.mean) ** 2) / n)
+            return self._rate(tokens.mean, tokens_se, secs, now, own), tokens.mean
+        return UNKNOWN, 0.0
 
     def _tau_mean(self, model: str, label: str, span: str, block_size: int, tau: Stat) -> float:
         """Tau at `block_size`, floored by the tau measured at any smaller block here: a larger
@@ -553,6 +595,8 @@ _TABLES: dict[str, tuple[type, ...]] = {
     "forced_block_n": (str, str, str, int),
     "ar_tokens": (str, str, str),
     "ar_forced_tokens": (str, str, str),
+    "lookup_tokens": (str, str, str, int),
+    "lookup_s": (str, str, str, int),
 }
 
 

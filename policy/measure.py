@@ -49,6 +49,12 @@ def observe_step(
     full = mode == "ar" or record.block_size == arm[1]
     if selected:
         seconds = 0.0  # selected by this request's acceptance: not the class's measure
+    if mode == "lookup" or arm[0] == "lookup":
+        # Lookup is measured whole (hits, misses and grammar-forced runs alike), and only
+        # under its own arm: a step of another mode under it (a scripted plan) says nothing.
+        if seconds > 0 and mode == arm[0] and record.block_size <= arm[1]:
+            est.observe_lookup(model_id, label, span, arm[1], record.committed, seconds)
+        return
     if seconds > 0 and record.forced > 0:
         # A grammar-forced run: no drafter, one forward of the fixed stretch (a spec cycle
         # shorter than the block, or an AR step that committed the run and one more token).
@@ -140,13 +146,15 @@ class ScriptedController:
         # Steps per span kind, for the caller's report.
         self.steps: dict[str, int] = {}
 
-    def prepare(self, prompt_tokens: int, default_block_size: int) -> None:
+    def prepare(self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0) -> None:
         return None
 
     def observe_prefix(self, text: str) -> None:
         self.spans.push(text)
 
-    def start(self, prompt_tokens: int, default_block_size: int) -> ModeDecision:
+    def start(
+        self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0
+    ) -> ModeDecision:
         self._last = time.perf_counter()
         return self.decision
 

@@ -18,7 +18,7 @@ from .decide import Arm
 from .estimates import Estimates, Throughput
 from .measure import observe_step
 
-Read = tuple[Throughput, float]  # throughput, tokens per cycle (0 for AR)
+Read = tuple[Throughput, float]  # throughput, tokens per cycle or step (0 for AR)
 
 
 class StepReads:
@@ -82,6 +82,8 @@ class StepReads:
             est = self.fresh()
             if arm[0] == "ar":
                 found = (est.ar(self.model_id, self.context, self.label, span), 0.0)
+            elif arm[0] == "lookup":
+                found = est.lookup(self.model_id, self.label, span, arm[1])
             else:
                 found = est.spec(self.model_id, self.label, span, arm[1], self.context)
             self._cache[key] = found

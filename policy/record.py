@@ -20,7 +20,7 @@ from .estimates import Surplus
 
 @dataclass(frozen=True)
 class DecisionRecord:
-    """From decode step `step` on (`tokens` committed before it), run `mode` (spec at
+    """From decode step `step` on (`tokens` committed before it), run `mode` (spec or lookup at
     `block_size`, None for AR) in span kind `span`, because `reason`. `kind` names the
     decision (`start`, `span`, `recheck`, `probe`, ... see gateway/SERVER.md); `surplus` is what
     the estimates said of spec vs AR there when it was made (None from a scripted controller)."""
@@ -36,7 +36,7 @@ class DecisionRecord:
 
     @property
     def arm_name(self) -> str:
-        return "ar" if self.mode == "ar" else f"spec{self.block_size}"
+        return "ar" if self.mode == "ar" else f"{self.mode}{self.block_size}"
 
     def entry(self) -> dict[str, Any]:
         """The controller summary's dict (the surplus's fields included; its `block_size` is
@@ -101,14 +101,16 @@ class RecordingController:
         self.inner = inner
         self.records: list[DecisionRecord] = []
 
-    def prepare(self, prompt_tokens: int, default_block_size: int) -> None:
-        self.inner.prepare(prompt_tokens, default_block_size)
+    def prepare(self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0) -> None:
+        self.inner.prepare(prompt_tokens, default_block_size, lookup_block)
 
     def observe_prefix(self, text: str) -> None:
         self.inner.observe_prefix(text)
 
-    def start(self, prompt_tokens: int, default_block_size: int) -> ModeDecision:
-        decision = self.inner.start(prompt_tokens, default_block_size)
+    def start(
+        self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0
+    ) -> ModeDecision:
+        decision = self.inner.start(prompt_tokens, default_block_size, lookup_block)
         self._note(0, decision)
         return decision
 
@@ -121,7 +123,7 @@ class RecordingController:
         self.inner.finish(stats)
 
     def _note(self, step: int, d: ModeDecision) -> None:
-        block = d.block_size if d.mode == "spec" else None
+        block = d.block_size if d.mode != "ar" else None
         last = self.records[-1] if self.records else None
         if last is None or (last.mode, last.block_size) != (d.mode, block):
             self.records.append(DecisionRecord(step, d.mode, block, d.reason))

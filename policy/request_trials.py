@@ -26,8 +26,9 @@ class TrialHost(Protocol):
     arm: Arm
     steps: int
     dwell: int
-    max_block: int
     reads: StepReads
+
+    def arms(self, rule: SpanRule) -> list[Arm]: ...
 
     def choose(self, rule: SpanRule, span: str, current: Arm | None) -> Choice: ...
 
@@ -111,7 +112,7 @@ class RequestTrials:
         reads.fresh()
         self.flush_ticks()
         scope = self._scope(span)
-        allowed = decide.arms(rule, host.max_block)
+        allowed = host.arms(rule)
         est = {a: reads.throughput(a, span) for a in allowed}
         cur = reads.throughput(host.arm, span)
         # A probe is worth it only if the arm could beat the best arm known here (not merely
@@ -139,7 +140,9 @@ class RequestTrials:
         if picked is None:
             return None
         arm, why = picked
-        length = self.explore.probe_ar_steps if arm == AR else self.explore.probe_spec_cycles
+        # Lookup steps are AR steps where nothing matches: probed as long as AR.
+        spec = arm[0] == "spec"
+        length = self.explore.probe_spec_cycles if spec else self.explore.probe_ar_steps
         length = min(length, self.budget)
         self.current = Trial("probe", span, arm, host.arm, length)
         self.probes += 1
@@ -184,7 +187,7 @@ class RequestTrials:
             return None
         reads = self.host.reads
         reads.fresh()
-        spec = [a for a in decide.arms(rule, self.host.max_block) if a[0] == "spec"]
+        spec = [a for a in self.host.arms(rule) if a[0] == "spec"]
         if not spec:
             return None
         largest = max(spec, key=lambda a: a[1])

@@ -114,13 +114,13 @@ class AlwaysSpec:
         self.block = block
         self.blocks: list[int] = []
 
-    def prepare(self, prompt_tokens: int, default_block_size: int) -> None:
+    def prepare(self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0) -> None:
         pass
 
     def observe_prefix(self, text: str) -> None:
         pass
 
-    def start(self, prompt_tokens: int, default_block_size: int) -> Any:
+    def start(self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0) -> Any:
         from toolflash.engine.api import ModeDecision
 
         return ModeDecision("spec", self.block, "start")

@@ -102,13 +102,13 @@ class ScriptedController:
         self.steps: list[tuple[str, int, int]] = []
         self.finished: Any = None
 
-    def prepare(self, prompt_tokens: int, default_block_size: int) -> None:
+    def prepare(self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0) -> None:
         self.prepared = (prompt_tokens, default_block_size, threading.current_thread().name)
 
     def observe_prefix(self, text: str) -> None:
         self.prefix = text
 
-    def start(self, prompt_tokens: int, default_block_size: int) -> Any:
+    def start(self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0) -> Any:
         from toolflash.engine.api import ModeDecision
 
         return ModeDecision("spec", 4, "start")

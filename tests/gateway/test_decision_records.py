@@ -47,13 +47,13 @@ def test_the_response_serves_the_controllers_records(tmp_path: Path) -> None:
 class _Scripted:
     """A controller that keeps no records: spec, then AR from the third step."""
 
-    def prepare(self, prompt_tokens: int, default_block_size: int) -> None:
+    def prepare(self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0) -> None:
         pass
 
     def observe_prefix(self, text: str) -> None:
         pass
 
-    def start(self, prompt_tokens: int, default_block_size: int):  # type: ignore[no-untyped-def]
+    def start(self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0):  # type: ignore[no-untyped-def]
         from toolflash.engine.api import ModeDecision
 
         return ModeDecision("spec", default_block_size, "start")

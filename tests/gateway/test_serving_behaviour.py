@@ -190,13 +190,15 @@ class SwitchToAr:
     def __init__(self) -> None:
         self.finished: list[int] = []
 
-    def prepare(self, prompt_tokens: int, default_block_size: int) -> None:
+    def prepare(self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0) -> None:
         pass
 
     def observe_prefix(self, text: str) -> None:
         pass
 
-    def start(self, prompt_tokens: int, default_block_size: int) -> ModeDecision:
+    def start(
+        self, prompt_tokens: int, default_block_size: int, lookup_block: int = 0
+    ) -> ModeDecision:
         return ModeDecision("spec", default_block_size, "start speculative")
 
     def after_step(self, record: CycleRecord, token_ids: Sequence[int], text: str) -> ModeDecision:

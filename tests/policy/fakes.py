@@ -46,3 +46,20 @@ def ar_record(index: int, seconds: float, ctx: int = 300) -> CycleRecord:
         rollback_s=0.0,
         context_len=ctx,
     )
+
+
+def lookup_record(index: int, committed: int, seconds: float, ctx: int = 300) -> CycleRecord:
+    """A lookup step that committed `committed` tokens (1: no match, an AR step)."""
+    drafted = committed - 1 if committed > 1 else 0
+    return CycleRecord(
+        index=index,
+        mode="lookup",
+        block_size=drafted + 1,
+        drafted=drafted,
+        accepted=drafted,
+        committed=committed,
+        draft_s=0.0,
+        verify_s=seconds,
+        rollback_s=0.0,
+        context_len=ctx,
+    )

@@ -81,7 +81,7 @@ def test_model_patterns_match_ids_and_paths() -> None:
     ("text", "field", "reason"),
     [
         ("defaults:\n  block_sizes: [1, 8]\n", "defaults.block_sizes", "between 2 and 64"),
-        ("defaults:\n  mode: fast\n", "defaults.mode", "'adaptive', 'spec' or 'ar'"),
+        ("defaults:\n  mode: fast\n", "defaults.mode", "'adaptive', 'spec', 'ar' or 'lookup'"),
         (
             "classes:\n  'tools.*':\n    tool_cal: {mode: ar}\n",
             "classes.tools.*.tool_cal",

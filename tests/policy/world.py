@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from toolflash.engine.api import GenerationStats, ModeController
 from toolflash.policy.spans import SpanTracker
 
-from .fakes import ar_record, spec_record
+from .fakes import ar_record, lookup_record, spec_record
 
 
 @dataclass
@@ -17,6 +17,9 @@ class World:
     accepted: dict[str, int]  # span kind -> draft tokens a cycle accepts
     cycle_s: dict[int, float]  # block size -> seconds per spec cycle
     ar_s: float
+    # span kind -> tokens a lookup step commits (1: no match, an AR step), and its seconds
+    lookup_tokens: dict[str, int] = field(default_factory=dict)
+    lookup_s: float = 0.0
     noise: float = 0.0
     seed: int = 0
     rng: random.Random = field(init=False)
@@ -45,10 +48,16 @@ class Trace:
 
 
 def drive(
-    controller: ModeController, world: World, script: str, prompt: int = 300, block: int = 8
+    controller: ModeController,
+    world: World,
+    script: str,
+    prompt: int = 300,
+    block: int = 8,
+    lookup_block: int = 0,
 ) -> Trace:
+    """`block`: the drafter's block (0: no drafter); `lookup_block`: lookup's (0: none)."""
     truth = span_at(script)
-    decision = controller.start(prompt, block)
+    decision = controller.start(prompt, block, lookup_block)
     pos, i, seconds = 0, 0, 0.0
     steps: list[tuple[str, str, int]] = []
     records = []
@@ -58,6 +67,9 @@ def drive(
             block = decision.block_size
             acc = min(world.accepted[span], block - 1, len(script) - pos - 1)
             record = spec_record(i, block, acc, world.jitter(world.cycle_s[block]), prompt + pos)
+        elif decision.mode == "lookup":
+            n = min(world.lookup_tokens[span], decision.block_size, len(script) - pos)
+            record = lookup_record(i, n, world.jitter(world.lookup_s), prompt + pos)
         else:
             record = ar_record(i, world.jitter(world.ar_s), prompt + pos)
         steps.append((span, record.mode, record.block_size))
