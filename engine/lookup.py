@@ -26,7 +26,7 @@ class LookupConfig:
     """How lookup drafts: the shortest and longest suffix it matches (tokens), and its block
     (drafted tokens + 1) where neither the request, the policy nor a drafter sets one."""
 
-    min_n: int = 2
+    min_n: int = 3
     max_n: int = 4
     block_size: int = 8
 

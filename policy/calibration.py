@@ -210,7 +210,8 @@ def seed(target: Estimates, measured: Estimates, timing_weight: float, tau_weigh
     only a guess at it: a class's tau goes in as that class's prior (`Estimates.prior_tau`,
     read like the pooled priors: at most `PRIOR_SAMPLES` samples and 0 own ones, so the
     class's first requests decide on it, its own traffic is still probed, and its first own
-    cycles replace it). Seeded as own samples, a low guess made spec look hopeless where the
+    cycles replace it); lookup's tokens and seconds per step likewise only as the pools of
+    each span. Seeded as own samples, a low guess made spec look hopeless where the
     class's traffic paid (forced tool calls of the agent workload: calibrated 0.77x of the
     better fixed mode against 0.95x without calibration), since probes skip an arm whose
     measured tau cannot win. Forced-run shares stay own samples, at most `tau_weight`.
@@ -219,6 +220,9 @@ def seed(target: Estimates, measured: Estimates, timing_weight: float, tau_weigh
     tau = doc.pop("tau", [])
     doc["tau"] = [row for row in tau if row[1] == POOL]  # the pools are priors already
     doc["prior_tau"] = [row for row in tau if row[1] != POOL]
+    # Lookup likewise: the span's pool is a prior when read; a class's own rows would not be.
+    for name in ("lookup_tokens", "lookup_s"):
+        doc[name] = [row for row in doc.get(name, []) if row[1] == POOL]
     for name, rows in doc.items():
         cap = timing_weight if name in _TIMING_TABLES else tau_weight
         for row in rows:

@@ -98,6 +98,28 @@ def test_calibration_seeds_what_the_policy_reads(engine: Any, tmp_path: Path) ->
     assert not measured2 and record2 == record
 
 
+def test_a_target_without_a_drafter_calibrates_ar_and_lookup(engine: Any, tmp_path: Path) -> None:
+    from toolflash.calibrate import CalibrationPlan, ensure_calibrated
+    from toolflash.engine.service import DFlashEngine
+    from toolflash.policy.estimates import POOL
+
+    alone = DFlashEngine(
+        engine.target, engine.tokenizer, None, "alone", None, engine.context_length
+    )
+    plan = CalibrationPlan(**PLAN_KW)  # type: ignore[arg-type]
+    policy = _policy(tmp_path)
+    record, measured = ensure_calibrated(alone, policy, plan, progress=False)
+    assert measured
+    timing = [r for r in record.rows if r["row"] == "timing"]
+    assert timing and all(r["ar_ms"] > 0 and not r["cycle_ms"] for r in timing)
+    est = policy.model("alone").estimates
+    block = alone.options.lookup.block_size
+    # Lookup seeds each span's pool (a prior), never a class's own estimate.
+    assert est.lookup_tokens and all(k[1] == POOL for k in est.lookup_tokens)
+    assert ("alone", POOL, "text", block) in est.lookup_tokens
+    assert not est.cycle_s and not est.tau
+
+
 def _first_decision(policy: AdaptivePolicy, model: str, rc: Any, ctx: int, block: int) -> Any:
     ctrl = policy.controller_for(model, rc, rc.kind == "json")
     ctrl.prepare(ctx, block)

@@ -7,9 +7,11 @@ request rendered by the gateway's own path (so it lands in the request class a c
 request would), with one arm scripted throughout (`policy.measure.ScriptedController`):
 - per request kind (`calibration_requests.py`: free chat, tools offered after a user turn
   and after a tool result, a forced tool call, a JSON schema answer), as the prompts come and
-  with the template's thinking default: AR, and spec at the largest block, giving the
-  drafter's tokens per cycle per class and span (smaller blocks are credited from the same
-  cycles) and the forced-run shares of constrained classes;
+  with the template's thinking default: AR, spec at the largest block, giving the drafter's
+  tokens per cycle per class and span (smaller blocks are credited from the same cycles) and
+  the forced-run shares of constrained classes, and lookup (its tokens and seconds per step,
+  which seed the span's pool: a prior, as the built-in prompts only guess at what a class's
+  outputs copy); a pair without a drafter runs AR and lookup only;
 - at a few context lengths: AR steps and spec cycles at every block size of the policy.
 Every cycle drafts the whole block (`draft_length="fixed"`), so a block's cycle time is
 measured at that block. The steps feed a fresh `Estimates` by the rule online learning uses;
@@ -34,6 +36,7 @@ import structlog
 from toolflash.calibration_key import calibration_key
 from toolflash.calibration_requests import class_bodies, long_body
 from toolflash.engine.api import Engine, FinishEvent, GenerationRequest
+from toolflash.engine.lookup import LookupConfig
 from toolflash.gateway.worker import Prepared
 from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.calibration import (
@@ -115,21 +118,34 @@ def _blocks(policy: EffectivePolicy, labels: Iterable[str], largest: int) -> lis
     return sorted(found or {largest}, reverse=True)
 
 
+def lookup_block(engine: Engine) -> int:
+    """The engine's lookup block (what the policy's lookup arm runs)."""
+    options = getattr(engine, "options", None)
+    return int(getattr(options, "lookup", LookupConfig()).block_size)
+
+
 def plan_runs(
     engine: Engine, policy: EffectivePolicy, plan: CalibrationPlan
 ) -> tuple[list[tuple[Run, Prepared]], list[int]]:
-    """Every run with its prepared request, and the block sizes the timing runs measure."""
+    """Every run with its prepared request, and the spec block sizes the timing runs measure
+    ([] without a drafter)."""
+    drafter = engine.draft_id is not None
     largest = int(getattr(engine, "default_block_size", 0) or 16)
+    lookup: Arm = ("lookup", lookup_block(engine))
     runs: list[tuple[Run, Prepared]] = []
     for kind, body in class_bodies(plan.prompts_per_kind, plan.thinking_default):
         p = _prepare(engine, body)
-        # Class runs draft at the largest block the class's policy allows: smaller blocks'
-        # tokens per cycle are credited from the same cycles.
-        block = _blocks(policy, [p.request_class.label], largest)[0]
         runs.append((Run(kind, AR, plan.max_tokens), p))
-        runs.append((Run(kind, ("spec", block), plan.max_tokens), p))
-    blocks = _blocks(policy, {p.request_class.label for _, p in runs}, largest)
-    room = engine.context_length - max(plan.max_tokens, plan.timing_cycles * blocks[0]) - 64
+        runs.append((Run(kind, lookup, plan.max_tokens), p))
+        if drafter:
+            # Class runs draft at the largest block the class's policy allows: smaller
+            # blocks' tokens per cycle are credited from the same cycles.
+            block = _blocks(policy, [p.request_class.label], largest)[0]
+            runs.append((Run(kind, ("spec", block), plan.max_tokens), p))
+    labels = {p.request_class.label for _, p in runs}
+    blocks = _blocks(policy, labels, largest) if drafter else []
+    longest = max([plan.max_tokens, *(plan.timing_cycles * b for b in blocks)])
+    room = engine.context_length - longest - 64
     timing = [runs[0][1]] + [
         _prepare(engine, long_body(engine, n)) for n in plan.contexts if n < room
     ]
@@ -151,7 +167,7 @@ def run_calibration(
     from tqdm import tqdm
 
     runs, blocks = plan_runs(engine, policy, plan)
-    _warm_up(engine, runs[0][1].request, blocks)
+    _warm_up(engine, runs[0][1].request, blocks, lookup_block(engine))
     bar = tqdm(
         total=len(runs),
         desc="calibrate",
@@ -175,7 +191,7 @@ def run_calibration(
             request = dataclasses.replace(
                 p.request,
                 mode=run.arm[0],
-                block_size=run.arm[1] if run.arm[0] == "spec" else None,
+                block_size=run.arm[1] if run.arm[0] != "ar" else None,
                 draft_length="fixed",
                 max_tokens=min(run.max_tokens, p.request.max_tokens),
             )
@@ -187,12 +203,12 @@ def run_calibration(
     for run, p in runs:
         if not run.timing:
             classes.setdefault(p.request_class.label, []).append(len(p.request.prompt_tokens))
-    return measured_rows(estimates, engine.model_id, classes, blocks)
+    return measured_rows(estimates, engine.model_id, classes, blocks, lookup_block(engine))
 
 
-def _warm_up(engine: Engine, request: GenerationRequest, blocks: list[int]) -> None:
+def _warm_up(engine: Engine, request: GenerationRequest, blocks: list[int], lookup: int) -> None:
     """One short generation per arm first: first calls compile kernels and grow buffers."""
-    for mode, block in [("ar", None), *(("spec", b) for b in blocks)]:
+    for mode, block in [("ar", None), ("lookup", lookup), *(("spec", b) for b in blocks)]:
         warm = dataclasses.replace(
             request, mode=mode, block_size=block, draft_length="fixed", max_tokens=8
         )
@@ -205,10 +221,11 @@ def measured_rows(
     model: str,
     classes: Mapping[str, list[int]],
     blocks: list[int],
+    lookup: int = 0,
 ) -> list[dict[str, Any]]:
     """Timing rows (per context bucket: ms per AR step and per spec cycle at each block) and
     class rows (per class and span with measured tokens per cycle: the arms' tok/s at the
-    class's median prompt length and the arm the policy starts with there)."""
+    class's median prompt length, lookup's, and the fastest arm there)."""
     rows: list[dict[str, Any]] = []
     buckets = sorted({k[1] for k in est.ar_s if k[0] == model})
     for bucket in buckets:
@@ -230,15 +247,24 @@ def measured_rows(
     for label, lens in sorted(classes.items()):
         ctx = int(statistics.median(lens))
         for span in SPAN_KINDS:
-            if est.measured_tau(model, label, span, blocks[0]) is None:
+            spec = blocks and est.measured_tau(model, label, span, blocks[0]) is not None
+            looked = est.lookup(model, label, span, lookup)[0] if lookup else None
+            if not spec and not (looked is not None and looked.samples > 0):
                 continue
-            best = max(
-                (est.surplus(model, label, span, b, ctx) for b in blocks),
-                key=lambda s: s.spec.tps,
-            )
-            row = {"row": "class", "class": label, "span": span, "context": ctx}
-            row.update(best.as_dict())
-            row["faster"] = f"spec{best.block_size}" if best.value > 0 else "ar"
+            row: dict[str, Any] = {"row": "class", "class": label, "span": span, "context": ctx}
+            arms = {"ar": est.ar(model, ctx, label, span).tps}
+            if spec:
+                best = max(
+                    (est.surplus(model, label, span, b, ctx) for b in blocks),
+                    key=lambda s: s.spec.tps,
+                )
+                row.update(best.as_dict())
+                arms[f"spec{best.block_size}"] = best.spec.tps
+            if looked is not None and looked.samples > 0:
+                row["lookup_tps"] = round(looked.tps, 2)
+                arms[f"lookup{lookup}"] = looked.tps
+            row.setdefault("ar_tps", round(arms["ar"], 2))
+            row["faster"] = max(arms, key=lambda a: arms[a])
             rows.append(row)
     return rows
 
@@ -257,15 +283,18 @@ def format_rows(rows: Iterable[Mapping[str, Any]]) -> str:
         lines.append(f"{r['context']:>8} {ar:>10.2f} {cells}")
     lines += [
         "",
-        f"{'class':<40} {'span':<10} {'tau':>5} {'spec tok/s':>10} {'AR tok/s':>9} "
-        f"{'surplus':>8} {'p(spec)':>7} {'n':>4} {'faster':>7}",
+        f"{'class':<40} {'span':<10} {'tau':>5} {'spec tok/s':>10} {'lookup tok/s':>12} "
+        f"{'AR tok/s':>9} {'surplus':>8} {'p(spec)':>7} {'n':>4} {'faster':>9}",
     ]
+    nan = float("nan")
     for r in rows:
         if r["row"] == "class":
             lines.append(
-                f"{r['class']:<40} {r['span']:<10} {r['tau']:>5.2f} {r['spec_tps']:>10.1f} "
-                f"{r['ar_tps']:>9.1f} {r['surplus']:>8.1f} {r['p_spec_faster']:>7.2f} "
-                f"{r['samples']:>4.0f} {r['faster']:>7}"
+                f"{r['class']:<40} {r['span']:<10} {r.get('tau', nan):>5.2f} "
+                f"{r.get('spec_tps', nan):>10.1f} {r.get('lookup_tps', nan):>12.1f} "
+                f"{r.get('ar_tps', nan):>9.1f} {r.get('surplus', nan):>8.1f} "
+                f"{r.get('p_spec_faster', nan):>7.2f} {r.get('samples', 0):>4.0f} "
+                f"{r['faster']:>9}"
             )
     return "\n".join(lines)
 
@@ -298,8 +327,6 @@ def ensure_calibrated(
     if record is not None and model in set(state.estimates.models()):
         log.info("calibration.found", model=model, created=record.created)
         return record, False
-    if engine.draft_id is None:
-        raise ValueError(f"{model} is served without a drafter: nothing to calibrate")
     est = state.estimates
     measured = Estimates(
         sample_half_life=state.policy.estimates.sample_half_life,

@@ -37,9 +37,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"toolflash calibrate: {exc}", file=sys.stderr)
         return 2
     engine = build_engine(args.model, args.draft, block_size=args.block_size)
-    if engine.draft_id is None:
-        print(f"toolflash calibrate: {engine.model_id} has no drafter", file=sys.stderr)
-        return 2
     record, measured = ensure_calibrated(
         engine, policy, force=args.force, progress=not args.no_progress
     )

@@ -160,8 +160,6 @@ def _calibrate(engine: Any, policy: Any) -> None:
 
     from toolflash.calibrate import ensure_calibrated
 
-    if engine.draft_id is None:
-        return
     try:
         ensure_calibrated(engine, policy)
     except Exception:
