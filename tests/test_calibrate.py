@@ -146,11 +146,13 @@ def test_serve_calibrates_unless_told_not_to(
     seen: list[Any] = []
     monkeypatch.setattr(toolflash.engine.factory, "build_engine", lambda *a, **k: fake)
     monkeypatch.setattr(
-        toolflash.calibrate, "ensure_calibrated", lambda engine, policy: seen.append(engine)
+        toolflash.calibrate,
+        "ensure_calibrated",
+        lambda engine, policy, progress: seen.append((engine, progress)),
     )
     build = serve._engine_factory(_serve_args(*argv), policy=object())
     assert build() is fake
-    assert seen == [fake] * calls
+    assert seen == [(fake, False)] * calls  # no progress bar among JSON log lines
     # --policy off: nothing to seed, so nothing is calibrated either.
     seen.clear()
     assert serve._engine_factory(_serve_args(*argv), policy=None)() is fake

@@ -147,13 +147,20 @@ def _engine_factory(args: argparse.Namespace, policy: Any = None) -> Any:
             cache=cache,
         )
         if policy is not None and settings.calibrate:
-            _calibrate(engine, policy)
+            _calibrate(engine, policy, progress=_bar_fits(settings))
         return engine
 
     return build
 
 
-def _calibrate(engine: Any, policy: Any) -> None:
+def _bar_fits(settings: ServeSettings) -> bool:
+    """A progress bar belongs among console lines on a terminal, never in JSON lines or a file."""
+    from toolflash.gateway.logs import is_terminal
+
+    return settings.log_format == "console" and is_terminal(sys.stderr)
+
+
+def _calibrate(engine: Any, policy: Any, progress: bool = False) -> None:
     """Calibrate the pair unless a valid calibration exists (`toolflash.calibrate`). A failure
     is logged and the server goes on: the policy then learns from requests alone."""
     import structlog
@@ -161,7 +168,7 @@ def _calibrate(engine: Any, policy: Any) -> None:
     from toolflash.calibrate import ensure_calibrated
 
     try:
-        ensure_calibrated(engine, policy)
+        ensure_calibrated(engine, policy, progress=progress)
     except Exception:
         structlog.get_logger("toolflash.serve").exception("calibration.failed")
 
