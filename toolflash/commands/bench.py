@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, get_args
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from toolflash.bench import format_report, load_prompts, run_benchmark
     from toolflash.engine.api import DraftLength
     from toolflash.engine.factory import assets_dir, build_engine
+    from toolflash.gateway.logs import configure_logging
 
     path = Path(args.prompts) if args.prompts else assets_dir() / "bench_prompts.jsonl"
     prompts = load_prompts(str(path))
@@ -100,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     known = get_args(DraftLength)
     if not draft_lengths or any(d not in known for d in draft_lengths):
         raise SystemExit(f"--draft-length: one of {', '.join(known)} or a comma list of them")
+    # Loading and the policy log at info: the progress bar and the table are the run's output.
+    configure_logging(json_lines=False, level=os.environ.get("TOOLFLASH_LOG_LEVEL", "warning"))
     engine = build_engine(args.model, args.draft, block_size=args.block_size)
     if args.baseline:
         return _run_baseline(args, engine, selected)
@@ -133,10 +137,7 @@ def _run_baseline(args: argparse.Namespace, engine: Any, prompts: list[Any]) -> 
         plot_comparison,
         run_comparison,
     )
-    from toolflash.gateway.logs import configure_logging
 
-    # The policy logs every decision at info: the progress bar is the run's only output.
-    configure_logging(json_lines=False, level="warning")
     stops = [s.strip() for s in args.stop.split(",") if s.strip()]
     if not stops or any(s not in ("eos", "length") for s in stops):
         raise SystemExit("--stop: eos, length or eos,length")
