@@ -279,7 +279,9 @@ class DFlashEngine:
             raise ContextLengthError(len(prompt), request.max_tokens, self.context_length)
         max_tokens = min(request.max_tokens, self.context_length - len(prompt))
         mode = self._runnable(request.mode)
-        block_size = request.block_size or self.default_block_size
+        spec_block = request.block_size or self.default_block_size
+        lookup_block = request.block_size or self.options.lookup.block_size
+        block_size = lookup_block if mode == "lookup" else spec_block
         # The block (the policy's, else the request's or engine's) is the largest a cycle
         # drafts; the adaptive draft length shortens it after rejected drafts.
         schedule = (
@@ -316,10 +318,7 @@ class DFlashEngine:
         deferred: list[SessionState] = []
         # The arms a controller may choose from: spec up to the drafter's block (0: none),
         # lookup at its block.
-        arm_blocks = (
-            block_size if self.drafter is not None else 0,
-            self.options.lookup.block_size,
-        )
+        arm_blocks = (spec_block if self.drafter is not None else 0, lookup_block)
         prepared = (
             self._prepare(controller, len(prompt), arm_blocks) if controller is not None else None
         )

@@ -5,9 +5,9 @@ same declarations."""
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
+
+from toolflash.engine.api import Mode
 
 MB = 1 << 20
 
@@ -46,10 +46,10 @@ class GatewayConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mode: Literal["spec", "ar"] = Field(
+    mode: Mode = Field(
         default="spec",
-        description="decoding mode with --policy off (the adaptive policy chooses per request"
-        " class and span itself)",
+        description="decoding mode with --policy off: spec, ar or lookup (the adaptive policy"
+        " chooses per request class and span itself)",
     )
     block_size: int | None = Field(
         default=None,

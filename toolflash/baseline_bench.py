@@ -156,8 +156,6 @@ class Runner:
             prompt_tokens=case.ids,
             max_tokens=self.max_tokens,
             mode=mode,
-            # Lookup drafts its own block (the drafter's is for the drafter).
-            block_size=self.engine.options.lookup.block_size if mode == "lookup" else None,
             draft_length=draft_length,
             ignore_eos=stop == "length",
         )

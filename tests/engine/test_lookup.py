@@ -20,7 +20,7 @@ from toolflash.engine.api import (
 from toolflash.engine.factory import build_engine
 from toolflash.engine.lookup import LookupConfig, NgramIndex
 from toolflash.engine.sampling import SamplingChooser
-from toolflash.engine.service import DFlashEngine
+from toolflash.engine.service import DFlashEngine, EngineOptions
 from toolflash.engine.session import GenerationSession
 from toolflash.engine.targets.qwen3 import Qwen3Target
 from toolflash.engine.targets.qwen3_5 import Qwen35Target
@@ -31,6 +31,9 @@ from .tiny_models import drafter_for, qwen3_target, qwen35_target
 # A prompt that repeats itself, so the output (tiny random targets loop) finds matches.
 PROMPT = [3, 17, 42, 99, 7, 250, 12, 64, 5, 88, 31] * 3 + [3, 17]
 N_OUT = 48
+# Matches from one token on: the tiny random targets copy little, and every hit exercises the
+# verify paths (the default's longer minimum is a speed choice, not a correctness one).
+LOOKUP = LookupConfig(min_n=1, max_n=4)
 FAMILIES = {"qwen3": (qwen3_target, Qwen3Target), "qwen3_5": (qwen35_target, Qwen35Target)}
 
 
@@ -93,7 +96,7 @@ def pair(request: Any) -> tuple[Any, Any]:
 def run(
     target: Any, drafter: Any, plan: Sequence[Mode], stop: Any = never, chooser: Any = None
 ) -> tuple[GenerationSession, list[Any]]:
-    session = GenerationSession(target, drafter, chooser=chooser)
+    session = GenerationSession(target, drafter, chooser=chooser, lookup=LOOKUP)
     session.prefill(PROMPT)
     records = []
     for mode in plan:
@@ -130,7 +133,7 @@ def test_any_mix_of_modes_and_prepared_work_stays_ar(pair: Any, seed: int) -> No
     target, drafter = pair
     rng = random.Random(seed)
     reference = ar_reference(target, drafter)
-    session = GenerationSession(target, drafter)
+    session = GenerationSession(target, drafter, lookup=LOOKUP)
     session.prefill(PROMPT)
     for _ in range(N_OUT):
         mode: Mode = rng.choice(["lookup", "lookup", "spec", "ar"])  # type: ignore[assignment]
@@ -149,7 +152,7 @@ def test_lookup_steps_queued_ahead_equal_ar(pair: Any, seed: int) -> None:
     target, drafter = pair
     rng = random.Random(seed)
     reference = ar_reference(target, drafter)
-    session = GenerationSession(target, drafter)
+    session = GenerationSession(target, drafter, lookup=LOOKUP)
     session.prefill(PROMPT)
     records = []
     for _ in range(N_OUT):
@@ -199,7 +202,7 @@ def test_resumed_from_an_exported_state_the_index_covers_the_restored_tokens(pai
     reference = ar_reference(target, drafter)
     first, _ = run(target, drafter, ["lookup"] * 10)
     state = first.export_state()
-    resumed = GenerationSession(target, drafter)
+    resumed = GenerationSession(target, drafter, lookup=LOOKUP)
     resumed.prefill(list(first.tokens[:-1]), restore=state)
     records = [resumed.step("lookup", 8, never).record for _ in range(20)]
     assert resumed.tokens == reference[: len(resumed.tokens)]
@@ -222,7 +225,13 @@ class _Tok:
 def test_engine_lookup_mode_equals_ar(pair: Any, with_drafter: bool) -> None:
     target, drafter = pair
     engine = DFlashEngine(
-        target, _Tok(), drafter if with_drafter else None, "m", "d", context_length=4096
+        target,
+        _Tok(),
+        drafter if with_drafter else None,
+        "m",
+        "d",
+        context_length=4096,
+        options=EngineOptions(lookup=LOOKUP),
     )
 
     def out(mode: Mode, **kw: Any) -> tuple[list[int], Any]:

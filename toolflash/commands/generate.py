@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping
+from typing import get_args
 
 from toolflash.commands.options import add_draft_length
-from toolflash.engine.api import FinishEvent, GenerationRequest, SamplingParams
+from toolflash.engine.api import FinishEvent, GenerationRequest, Mode, SamplingParams
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,7 +21,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--no-think", action="store_true", help="enable_thinking=False")
-    p.add_argument("--mode", choices=["spec", "ar"], default="spec")
+    p.add_argument(
+        "--mode",
+        choices=get_args(Mode),
+        default="spec",
+        help="spec: DFlash; ar: the target alone; lookup: drafts copied from the prompt and"
+        " output (no drafter needed)",
+    )
     p.add_argument("--block-size", type=int, default=None)
     add_draft_length(p)
     p.add_argument("--max-tokens", type=int, default=256)
@@ -77,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
     assert finish is not None
     s = finish.stats
-    spec = [c for c in s.cycles if c.mode == "spec"]
+    spec = [c for c in s.cycles if c.speculative]
     print("\n---", file=sys.stderr)
     print(
         f"finish={finish.finish_reason} prompt={s.prompt_tokens} tokens={s.completion_tokens} "
@@ -88,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         drafted = sum(c.drafted for c in spec)
         accepted = sum(c.accepted for c in spec)
         print(
-            f"mode=spec cycles={len(spec)} tokens/cycle={s.tokens_per_cycle:.2f} "
+            f"mode={'+'.join(s.modes)} cycles={len(spec)} tokens/cycle={s.tokens_per_cycle:.2f} "
             f"accepted={accepted}/{drafted} ({100 * accepted / max(1, drafted):.1f}% of drafted)",
             file=sys.stderr,
         )
