@@ -22,8 +22,7 @@ request (`ar-again`) shows the noise floor.
 
 `--no-drafter` runs the target alone: mlx-lm, AR, lookup and the policy (AR vs lookup). The
 two-arm policy is the default policy with `lookup: false` (`policy_two_arm.yaml` beside the
-data); until the policy has that setting, the default policy is the two-arm one and the
-three-arm variant is left out (the report says so). Requests whose AR decode takes under
+data), the three-arm policy the default. Requests whose AR decode takes under
 `--short-ms` run `--short-repeats` times a round (a 30 ms request varies by ~20% here); the
 repeats run the policies on a throwaway copy of their state, so they learn from the same mix.
 
@@ -57,23 +56,17 @@ from agent_workload_run import (
 from toolflash.bench import machine_info
 from toolflash.gateway.logs import configure_logging
 from toolflash.policy.adaptive import AdaptivePolicy
-from toolflash.policy.config import PolicyConfig, SpanSettings
+from toolflash.policy.config import PolicyConfig
 
 __all__ = ["balanced_orders", "build_workload", "class_name", "generate", "main", "run"]
 
 TWO_ARM_FILE = DATA_DIR / "policy_two_arm.yaml"
 
 
-def lookup_arm_available() -> bool:
-    """Whether the policy has its lookup arm (a `lookup` setting per class and span)."""
-    return "lookup" in SpanSettings.model_fields
-
-
 def strategies_for(has_drafter: bool, control: bool) -> tuple[str, ...]:
     """What runs: mlx-lm and the fixed modes the engine can run, then the policies."""
     if has_drafter:
-        fixed = (BASELINE, "ar", "spec", "lookup", "policy-2arm")
-        out = fixed + (("policy-3arm",) if lookup_arm_available() else ())
+        out = (BASELINE, "ar", "spec", "lookup", "policy-2arm", "policy-3arm")
     else:
         out = (BASELINE, "ar", "lookup", "policy")
     return out + ((CONTROL,) if control else ())
@@ -85,7 +78,7 @@ def build_policies(
     """A fresh policy per policy strategy, each with its own state file (a copy of
     `seed_state`, or empty: a cold start)."""
     files = {
-        "policy-2arm": [*extra, str(TWO_ARM_FILE)] if lookup_arm_available() else list(extra),
+        "policy-2arm": [*extra, str(TWO_ARM_FILE)],
         "policy-3arm": list(extra),
         "policy": list(extra),
     }
@@ -195,8 +188,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "short_repeats": args.short_repeats,
         "short_ms": args.short_ms,
         "wall_s": round(wall, 1),
-        "three_arm_policy": "policy-3arm" in strategies or "policy" in strategies,
-        "lookup_arm_in_policy": lookup_arm_available(),
         "policy_counters": {s: p.counters() for s, p in policies.items()},
     }
     return build_report(rows, header, strategies)
