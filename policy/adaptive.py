@@ -97,6 +97,10 @@ class AdaptivePolicy:
             start_in_reasoning=start_in_reasoning,
         )
 
+    def sparse_prefill(self, model_id: str, request_class: RequestClass) -> float | None:
+        """The class's opt-in sparse-prefill keep ratio from the policy files (None: off)."""
+        return self.config.for_model(model_id).rule(request_class.label, "*").sparse_prefill
+
     def learned(self) -> dict[str, ModelState]:
         """A copy of what the policy has learned (estimates and backoffs, per model), for
         `restore`: a benchmark runs requests on it and drops what they taught."""

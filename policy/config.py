@@ -53,6 +53,7 @@ class SpanSettings(_Strict):
     min_confidence: float | None = Field(default=None, gt=0.5, lt=1.0)
     min_samples: float | None = Field(default=None, ge=0.0)
     lookup: bool | None = None
+    sparse_prefill: float | None = Field(default=None, gt=0.0, le=1.0)
 
     @field_validator("block_sizes")
     @classmethod
@@ -92,6 +93,14 @@ class Defaults(SpanSettings):
         default=True,
         description="adaptive may choose lookup drafting (drafts copied from the prompt and"
         " output; the only speculation for a target without a drafter)",
+    )
+    sparse_prefill: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="opt-in positional sparse prefill for this class's long prompts: compute about"
+        " this share of the prompt (unset: off; 1.0: dense, overriding a broader pattern). Only per"
+        " class (span `*`); quality is measured, not assumed: see gateway/SERVER.md",
     )
 
 
@@ -270,6 +279,7 @@ class SpanRule:
     min_confidence: float
     min_samples: float
     lookup: bool = True
+    sparse_prefill: float | None = None
 
 
 def _specificity(pattern: str) -> int:
@@ -328,6 +338,7 @@ class EffectivePolicy:
             min_confidence=float(merged["min_confidence"]),
             min_samples=float(merged["min_samples"]),
             lookup=bool(merged["lookup"]),
+            sparse_prefill=merged["sparse_prefill"],
         )
 
     def to_yaml(self) -> str:
