@@ -18,15 +18,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "doctor": (
         "doctor",
-        "Report platform, MLX device, BLAS speed, versions and model loadability.",
+        "Report platform, MLX device, BLAS speed, versions, model loadability (the default "
+        "pair included) and the policy's state.",
     ),
     "models": (
         "models",
         "List the embedded models and the published target -> DFlash draft pairs.",
     ),
     "train-draft": ("train_draft", "Train a DFlash drafter against a frozen target."),
-    "bench": ("bench", "Benchmark speculative vs target-only decoding per prompt kind."),
-    "policy": ("policy", "Show the effective decoding policy, or validate a policy YAML file."),
+    "bench": (
+        "bench",
+        "Speculative vs toolflash's own AR decoding per prompt kind (no flags: the README's "
+        "figures); --baseline mlx-lm: against plain mlx-lm.",
+    ),
+    "policy": (
+        "policy",
+        "Show the effective decoding policy and what it learned here, forget it (reset), "
+        "print its defaults, or validate a policy YAML file.",
+    ),
     "calibrate": (
         "calibrate",
         "Measure spec vs AR on this machine and seed the adaptive policy (once per model).",
