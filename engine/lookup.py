@@ -24,11 +24,14 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class LookupConfig:
     """How lookup drafts: the shortest and longest suffix it matches (tokens), and its block
-    (drafted tokens + 1) where neither the request, the policy nor a drafter sets one."""
+    (drafted tokens + 1) where neither the request, the policy nor a drafter sets one.
+    `spec_takeover`: a spec cycle whose lookup continuation fills its whole block verifies that
+    instead of running the drafter (the combined proposer)."""
 
     min_n: int = 3
     max_n: int = 4
     block_size: int = 8
+    spec_takeover: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_n <= self.max_n:

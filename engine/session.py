@@ -337,15 +337,24 @@ class GenerationSession:
         proposal = self.chooser.forced(block_size - 1)
         if proposal is not None:
             return proposal
+        tokens = self._copied(block_size - 1)
+        return Proposal(mx.array(tokens, dtype=mx.int32)) if tokens else None
+
+    def _copied(self, limit: int) -> list[int]:
+        """Up to `limit` tokens of the lookup continuation ([] without a match)."""
         if self._lookup is None:
             self._lookup = NgramIndex(self.lookup_config)
-        tokens = self._lookup.propose(self.tokens, block_size - 1)
-        return Proposal(mx.array(tokens, dtype=mx.int32)) if tokens else None
+        return self._lookup.propose(self.tokens, limit)
 
     def _propose(self, block_size: int) -> Proposal:
         """The cycle's proposal, its evaluation started: tokens a constraint forces (no drafter
-        run), else the drafter's block."""
+        run), else (with `LookupConfig.spec_takeover`) a lookup continuation that fills the
+        whole block, else the drafter's block."""
         proposal = self.chooser.forced(block_size - 1)
+        if proposal is None and self.lookup_config.spec_takeover:
+            copied = self._copied(block_size - 1)
+            if len(copied) == block_size - 1:
+                proposal = Proposal(mx.array(copied, dtype=mx.int32))
         if proposal is None:
             proposal = self.chooser.draft(self.proposer(self, block_size)[0])
         mx.async_eval(proposal.tokens)

@@ -21,7 +21,7 @@ from toolflash.engine.factory import build_engine
 from toolflash.engine.lookup import LookupConfig, NgramIndex
 from toolflash.engine.sampling import SamplingChooser
 from toolflash.engine.service import DFlashEngine, EngineOptions
-from toolflash.engine.session import GenerationSession
+from toolflash.engine.session import GenerationSession, dflash_proposal
 from toolflash.engine.targets.qwen3 import Qwen3Target
 from toolflash.engine.targets.qwen3_5 import Qwen35Target
 
@@ -177,6 +177,26 @@ def test_stop_inside_a_lookup_block_keeps_nothing_after_it(pair: Any, stop_at: i
     assert session.tokens == plain.tokens
     assert session.fed == plain.fed
     assert same_cache(session, plain)
+
+
+def test_spec_takeover_verifies_full_block_copies_without_the_drafter(pair: Any) -> None:
+    """The combined proposer: a spec cycle whose lookup continuation fills the block verifies it
+    and skips the drafter; the output stays AR's."""
+    target, drafter = pair
+    reference = ar_reference(target, drafter)
+    calls = [0]
+
+    def counting(session: GenerationSession, block: int) -> Any:
+        calls[0] += 1
+        return dflash_proposal(session, block)
+
+    config = LookupConfig(min_n=1, max_n=4, spec_takeover=True)
+    session = GenerationSession(target, drafter, proposer=counting, lookup=config)
+    session.prefill(PROMPT)
+    records = [session.step("spec", 4, never).record for _ in range(N_OUT)]
+    assert session.tokens == reference[: len(session.tokens)]
+    assert all(r.mode == "spec" and not r.draft_cut for r in records)
+    assert 0 < calls[0] < len(records)  # some cycles copied, some drafted
 
 
 def test_lookup_needs_no_drafter(pair: Any) -> None:
