@@ -20,6 +20,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from toolflash.engine.api import Engine
 from toolflash.gateway.config import GatewayConfig
+from toolflash.gateway.dialects.anthropic import count_tokens, create_message
+from toolflash.gateway.dialects.anthropic import error_body as anthropic_error
 from toolflash.gateway.dialects.chat import create_chat_completion
 from toolflash.gateway.dialects.completions import create_completion
 from toolflash.gateway.errors import (
@@ -124,24 +126,36 @@ async def openapi(request: Request) -> Response:
     return JSONResponse(openapi_document(__version__))
 
 
+def error_shape(path: str) -> ErrorShape | None:
+    """The error shape of the dialect a path belongs to (None: OpenAI's), also for errors no
+    handler raised (auth, unknown routes and methods)."""
+    return anthropic_error if path.startswith("/v1/messages") else None
+
+
 class AuthMiddleware:
-    """Bearer API-key check for everything except PUBLIC_PATHS (pure ASGI: streams untouched)."""
+    """API-key check for everything except PUBLIC_PATHS, as `Authorization: Bearer <key>` (the
+    OpenAI SDKs) or `x-api-key: <key>` (the Anthropic SDKs); pure ASGI: streams untouched."""
 
     def __init__(self, app: ASGIApp, api_key: str | None) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.bearer = f"Bearer {api_key}".encode() if api_key else None
+        self.key = api_key.encode() if api_key else b""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.expected is None or scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+        if self.bearer is None or scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if hmac.compare_digest(given, self.expected):
+        headers = dict(scope["headers"])
+        bearer = hmac.compare_digest(headers.get(b"authorization", b""), self.bearer)
+        keyed = hmac.compare_digest(headers.get(b"x-api-key", b""), self.key)
+        if bearer or keyed:
             await self.app(scope, receive, send)
             return
-        err = Unauthorized("missing or invalid API key: send 'Authorization: Bearer <key>'")
+        err = Unauthorized(
+            "missing or invalid API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+        )
         err.headers["WWW-Authenticate"] = "Bearer"
-        await error_response(err)(scope, receive, send)
+        await error_response(err, error_shape(scope["path"]))(scope, receive, send)
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -154,11 +168,11 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     else:
         err = GatewayError(str(exc.detail))
         err.status = exc.status_code
-    return error_response(err)
+    return error_response(err, error_shape(request.url.path))
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
-    return error_response(to_gateway_error(exc))
+    return error_response(to_gateway_error(exc), error_shape(request.url.path))
 
 
 def create_app(
@@ -225,6 +239,12 @@ def create_app(
     routes = [
         Route("/v1/chat/completions", api_route(create_chat_completion), methods=["POST"]),
         Route("/v1/completions", api_route(create_completion), methods=["POST"]),
+        Route("/v1/messages", api_route(create_message, anthropic_error), methods=["POST"]),
+        Route(
+            "/v1/messages/count_tokens",
+            api_route(count_tokens, anthropic_error),
+            methods=["POST"],
+        ),
         Route("/v1/models", api_route(list_models), methods=["GET"]),
         Route("/v1/models/{model:path}", api_route(retrieve_model), methods=["GET"]),
         Route("/v1/status", api_route(status), methods=["GET"]),

@@ -7,6 +7,13 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from toolflash.gateway.dialects.anthropic_protocol import (
+    AnthropicError,
+    CountTokensRequest,
+    CountTokensResponse,
+    MessageResponse,
+    MessagesRequest,
+)
 from toolflash.gateway.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -24,17 +31,27 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": _REF.format(model=model.__name__)}
 
 
-def _errors(*statuses: int) -> dict[str, Any]:
+def _errors(*statuses: int, shape: type[BaseModel] = ErrorResponse) -> dict[str, Any]:
     return {
         str(s): {
             "description": "error",
-            "content": {"application/json": {"schema": _ref(ErrorResponse)}},
+            "content": {"application/json": {"schema": _ref(shape)}},
         }
         for s in statuses
     }
 
 
-def _post(summary: str, body: type[BaseModel], result: type[BaseModel]) -> dict[str, Any]:
+def _post(
+    summary: str,
+    body: type[BaseModel],
+    result: type[BaseModel],
+    *,
+    error: type[BaseModel] = ErrorResponse,
+    streams: bool = True,
+) -> dict[str, Any]:
+    content: dict[str, Any] = {"application/json": {"schema": _ref(result)}}
+    if streams:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
     return {
         "post": {
             "summary": summary,
@@ -44,13 +61,12 @@ def _post(summary: str, body: type[BaseModel], result: type[BaseModel]) -> dict[
             },
             "responses": {
                 "200": {
-                    "description": "the completion (or an SSE stream when `stream` is true)",
-                    "content": {
-                        "application/json": {"schema": _ref(result)},
-                        "text/event-stream": {"schema": {"type": "string"}},
-                    },
+                    "description": "the result (or an SSE stream when `stream` is true)"
+                    if streams
+                    else "the result",
+                    "content": content,
                 },
-                **_errors(400, 401, 404, 413, 429, 500, 503),
+                **_errors(400, 401, 404, 413, 429, 500, 503, shape=error),
             },
         }
     }
@@ -79,6 +95,11 @@ def openapi_document(version: str) -> dict[str, Any]:
         ModelList,
         ModelCard,
         ErrorResponse,
+        MessagesRequest,
+        MessageResponse,
+        CountTokensRequest,
+        CountTokensResponse,
+        AnthropicError,
     ]
     _, defs = models_json_schema(
         [(m, "validation" if m.__name__.endswith("Request") else "serialization") for m in models],
@@ -90,6 +111,16 @@ def openapi_document(version: str) -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": _post("Chat completion", ChatCompletionRequest, ChatCompletion),
             "/v1/completions": _post("Text completion", CompletionRequest, Completion),
+            "/v1/messages": _post(
+                "Anthropic Messages", MessagesRequest, MessageResponse, error=AnthropicError
+            ),
+            "/v1/messages/count_tokens": _post(
+                "Anthropic Messages: prompt tokens",
+                CountTokensRequest,
+                CountTokensResponse,
+                error=AnthropicError,
+                streams=False,
+            ),
             "/v1/models": _get("Served models", _ref(ModelList)),
             "/v1/models/{model}": {
                 "get": {
@@ -117,7 +148,10 @@ def openapi_document(version: str) -> dict[str, Any]:
         },
         "components": {
             "schemas": defs.get("$defs", {}),
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
         },
-        "security": [{"bearer": []}, {}],
+        "security": [{"bearer": []}, {"apiKey": []}, {}],
     }

@@ -70,8 +70,9 @@ class TextOutput:
 
 
 def output_for(req: ApiRequest, prepared: Prepared, engine: Engine) -> Output:
-    """The assembler for a request: tool calls parsed when tools are offered; forced calls are
-    held until they close (a call cut by max_tokens comes back as content, not half a call)."""
+    """The assembler for a request: tool calls parsed when tools are offered; forced calls (and
+    every call of a dialect that wants them whole) are held until they close (a call cut by
+    max_tokens comes back as content, not half a call)."""
     conv = req.conversation
     if conv is None:
         return TextOutput()
@@ -82,7 +83,8 @@ def output_for(req: ApiRequest, prepared: Prepared, engine: Engine) -> Output:
         tools={t.name: t.parameters for t in conv.tools} if offered else {},
         start_in_reasoning=prepared.start_in_reasoning,
         parallel_tool_calls=conv.parallel_tool_calls,
-        hold_calls=bound is not None and bound.kind == "tool_calls" and bound.require_call,
+        hold_calls=req.whole_tool_calls
+        or (bound is not None and bound.kind == "tool_calls" and bound.require_call),
     )
 
 

@@ -116,6 +116,9 @@ class ApiRequest:
     sampling: SamplingFields = SamplingFields()
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
+    # Tool calls go out only once they parsed whole (dialects whose tool-call blocks carry a
+    # parsed object, not a string of arguments): a call cut short comes back as text.
+    whole_tool_calls: bool = False
 
     @property
     def conversation(self) -> Conversation | None:

@@ -1,4 +1,4 @@
-"""Server-sent events framing for OpenAI streams."""
+"""Server-sent events framing for the API streams (OpenAI `data:` lines, typed events)."""
 
 from __future__ import annotations
 
@@ -17,3 +17,9 @@ def event(payload: BaseModel | dict[str, Any]) -> str:
     else:
         body = json.dumps(payload, ensure_ascii=False)
     return f"data: {body}\n\n"
+
+
+def named(kind: str, payload: BaseModel | dict[str, Any]) -> str:
+    """A typed event (`event: <kind>` then its `data:`), as Anthropic's and the Responses API's
+    streams send them; None fields are dropped from models as in `event`."""
+    return f"event: {kind}\n{event(payload)}"

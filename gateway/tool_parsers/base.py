@@ -62,8 +62,9 @@ class CallClosed:
     arguments: str
     ok: bool
     error: str | None = None
-    # A call cut before its end (`error` "truncated"): the span's text, tags included, so a
-    # caller that held the call back can return it as content (forced calls).
+    # A call that failed (`ok` False: cut before its end, or malformed): the span's text, tags
+    # included, so a caller that held the call back can return it as content (forced calls,
+    # dialects that only emit whole calls).
     raw: str = field(default="", compare=False)
 
 

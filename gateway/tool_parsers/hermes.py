@@ -138,9 +138,9 @@ class HermesStream(SpanScanner):
                     SpanRejected(START_TAG + body[:j] + END_TAG, "undeclared_tool", self._name)
                 )
             elif self._state == "broken":
-                self._close(out, "markup inside the arguments object")
+                self._close(out, "markup inside the arguments object", j)
             else:  # "tail": the arguments object ended; expect the call object to close
-                self._close_tail(body[self._pos : j], body[:j], out)
+                self._close_tail(body[self._pos : j], body[:j], out, j)
             return j + len(END_TAG)
 
     def _scan_args(self, out: list[Piece]) -> bool:
@@ -179,21 +179,27 @@ class HermesStream(SpanScanner):
         self._pos = i
         return done
 
-    def _close(self, out: list[Piece], error: str | None) -> None:
-        out.append(CallClosed(self._index, self._name, self._args, error is None, error))
+    def _close(self, out: list[Piece], error: str | None, end: int | None = None) -> None:
+        """Close the call; a failed one carries its span's text (`end`: where the end tag
+        starts in the body; None: the generation ended inside the span)."""
+        raw = ""
+        if error is not None:
+            raw = START_TAG + (self._body if end is None else self._body[:end] + END_TAG)
+        out.append(CallClosed(self._index, self._name, self._args, error is None, error, raw))
 
-    def _close_tail(self, tail: str, whole: str, out: list[Piece]) -> None:
+    def _close_tail(self, tail: str, whole: str, out: list[Piece], end: int | None = None) -> None:
         try:
             args = json.loads(self._args)
         except json.JSONDecodeError as exc:
-            self._close(out, f"arguments are not valid JSON: {exc.msg}")
+            self._close(out, f"arguments are not valid JSON: {exc.msg}", end)
             return
         if tail.strip() in ("}", ""):
-            self._close(out, None if isinstance(args, dict) else "arguments are not an object")
+            error = None if isinstance(args, dict) else "arguments are not an object"
+            self._close(out, error, end)
             return
         parsed = parse_call_object(whole)
         ok = parsed is not None and parsed == (self._name, args)
-        self._close(out, None if ok else "unexpected text after the arguments")
+        self._close(out, None if ok else "unexpected text after the arguments", end)
 
     def _finish_whole(self, j: int, out: list[Piece]) -> int:
         """Parse a buffered span whole (no fast-path header); `j` is where its end tag starts."""

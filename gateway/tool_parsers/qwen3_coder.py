@@ -129,7 +129,7 @@ class Qwen3CoderStream(SpanScanner):
                     self._state, self._pos = "tail", pos + len(_FUNC_CLOSE)
                     continue
                 if rest.startswith(END_TAG):
-                    self._close(out, "missing </function>")
+                    self._close(out, "missing </function>", pos)
                     return pos + len(END_TAG)
                 if (
                     not rest
@@ -151,7 +151,7 @@ class Qwen3CoderStream(SpanScanner):
                 reason = "undeclared_tool" if self._name else "malformed"
                 out.append(SpanRejected(raw, reason, self._name or None))
             elif self._state == "broken":
-                self._close(out, "unexpected text between parameters")
+                self._close(out, "unexpected text between parameters", j)
             else:  # "tail": after </function>
                 self._close(out, None)
             return j + len(END_TAG)
@@ -198,8 +198,13 @@ class Qwen3CoderStream(SpanScanner):
         self._state, self._pos = "params", j + len(_PARAM_CLOSE)
         return True
 
-    def _close(self, out: list[Piece], error: str | None) -> None:
-        out.append(CallClosed(self._index, self._name, self._args, error is None, error))
+    def _close(self, out: list[Piece], error: str | None, end: int | None = None) -> None:
+        """Close the call; a failed one carries its span's text (`end`: where the end tag
+        starts in the body; None: the generation ended inside the span)."""
+        raw = ""
+        if error is not None:
+            raw = START_TAG + (self._body if end is None else self._body[:end] + END_TAG)
+        out.append(CallClosed(self._index, self._name, self._args, error is None, error, raw))
 
     def _span_finish(self, out: list[Piece]) -> None:
         if self._state == "header" or self._state == "reject":

@@ -88,13 +88,17 @@ def _write_results() -> None:
     RESULTS.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def check(response: Any, *, streamed: bool, kind: str) -> None:
-    """The properties every answer must have (counted for the figures)."""
+def check(response: Any, *, streamed: bool, kind: str, anthropic: bool = False) -> None:
+    """The properties every answer must have (counted for the figures); `anthropic`: a
+    /v1/messages route, whose errors and streams are in Anthropic's shape."""
     COUNTS[f"{kind}_calls"] += 1
     COUNTS[f"status_{response.status_code // 100}xx"] += 1
     if response.status_code >= 500:
         COUNTS["server_errors"] += 1
     assert response.status_code < 500, (response.status_code, response.text[:500])
+    if anthropic:
+        check_anthropic(response, streamed)
+        return
     if response.status_code >= 400:
         err = response.json()["error"]
         assert set(err) == {"message", "type", "param", "code"}, err
@@ -107,6 +111,20 @@ def check(response: Any, *, streamed: bool, kind: str) -> None:
         assert data and data[-1] == "[DONE]", response.text[-300:]
         for event in data[:-1]:
             assert "error" not in json.loads(event), event
+
+
+def check_anthropic(response: Any, streamed: bool) -> None:
+    if response.status_code >= 400:
+        body = response.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+        COUNTS["errors_in_anthropic_shape"] += 1
+        return
+    if streamed and response.headers.get("content-type", "").startswith("text/event-stream"):
+        COUNTS["streams_200"] += 1
+        kinds = [ln[7:] for ln in response.text.split("\n") if ln.startswith("event: ")]
+        assert kinds and kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
+        assert "error" not in kinds, response.text[-300:]
 
 
 # ---------------------------------------------------------------- schema-driven
@@ -122,11 +140,12 @@ def check(response: Any, *, streamed: bool, kind: str) -> None:
 def test_schema_cases(case: schemathesis.Case, client: TestClient) -> None:
     kw = case.as_transport_kwargs(base_url="http://testserver")
     response = client.request(**_httpx_kwargs(kw))
-    check(response, streamed=False, kind="schema")
+    anthropic = case.path.startswith("/v1/messages")
+    check(response, streamed=False, kind="schema", anthropic=anthropic)
     body = kw.get("json")
     if case.method.upper() == "POST" and isinstance(body, dict):
         again = client.request(**_httpx_kwargs({**kw, "json": {**body, "stream": True}}))
-        check(again, streamed=True, kind="schema")
+        check(again, streamed=True, kind="schema", anthropic=anthropic)
 
 
 def _httpx_kwargs(kw: dict[str, Any]) -> dict[str, Any]:

@@ -77,3 +77,31 @@ def test_prompt_beyond_real_context(real: Served) -> None:
         timeout=30,
     )
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_messages_route_decodes_as_chat_on_the_real_engine(real: Served) -> None:
+    """The same conversation, greedy, through /v1/messages (anthropic SDK) and
+    /v1/chat/completions: the same text and token counts; streamed equals not."""
+    anthropic = pytest.importorskip("anthropic")
+    model = real_model(real)
+    c = anthropic.Anthropic(base_url=real.url, api_key="none", max_retries=0, timeout=60)
+    kw = {"model": model, "system": "be brief", "max_tokens": 24}
+    user = [{"role": "user", "content": "def add(a, b):"}]
+    a = c.messages.create(messages=user, **kw)
+    with c.messages.stream(messages=user, **kw) as stream:
+        s = stream.get_final_message()
+    o = real.client().chat.completions.create(
+        model=model,
+        max_tokens=24,
+        messages=[{"role": "system", "content": "be brief"}, *user],
+    )
+    msg = o.choices[0].message
+    text = "".join(b.text for b in a.content if b.type == "text")
+    thinking = "".join(b.thinking for b in a.content if b.type == "thinking")
+    assert text == (msg.content or "")
+    assert thinking == ((msg.model_extra or {}).get("reasoning_content") or "")
+    assert [b.model_dump() for b in s.content] == [b.model_dump() for b in a.content]
+    assert a.usage.output_tokens == s.usage.output_tokens == o.usage.completion_tokens  # type: ignore[union-attr]
+    prompt = a.usage.input_tokens + (a.usage.cache_read_input_tokens or 0)
+    assert prompt == o.usage.prompt_tokens  # type: ignore[union-attr]
+    assert a.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[o.choices[0].finish_reason]

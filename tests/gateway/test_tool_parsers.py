@@ -287,6 +287,21 @@ def test_streaming_split_invariance(fmt: str, case: Case) -> None:
         pytest.fail(f"{len(failing)} batchings differ; smallest: {smallest!r}")
 
 
+@pytest.mark.parametrize(("fmt", "case"), ALL, ids=[f"{f}-{c.id}" for f, c in ALL])
+def test_a_failed_call_carries_its_span_text(fmt: str, case: Case) -> None:
+    """A call that closes not ok carries its span's text (tags included) however the text came,
+    so a caller that held it back returns it as text (forced calls, whole-call dialects)."""
+    for chunks in ([case.text], list(case.text)):
+        for p in stream_pieces(fmt, chunks):
+            if isinstance(p, CallClosed):
+                if p.ok:
+                    assert p.raw == ""
+                else:
+                    assert p.raw.startswith("<tool_call>") and p.raw in case.text, p
+                    tail = case.text[case.text.index(p.raw) + len(p.raw) :]
+                    assert p.raw.endswith("</tool_call>") or not tail.strip(), p
+
+
 def test_every_parser_has_cases() -> None:
     assert set(PARSERS) == set(CASES)
 
