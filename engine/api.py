@@ -18,6 +18,8 @@ from .sparse import SparsePrefill
 Mode = Literal["spec", "ar", "lookup"]
 # Whether a speculative cycle may draft less than the block (engine/draft_length.py).
 DraftLength = Literal["adaptive", "fixed"]
+# The engine's and `toolflash serve`'s default (engine/draft_length.py).
+DEFAULT_DRAFT_LENGTH: DraftLength = "adaptive"
 FinishReason = Literal["stop", "length", "cancelled"]
 
 

@@ -11,7 +11,7 @@ import structlog
 
 from toolflash.cache.prefix_cache import CacheConfig, PrefixCache
 
-from .api import DraftLength, EngineError
+from .api import DEFAULT_DRAFT_LENGTH, DraftLength, EngineError
 from .draft_context import DraftWindow
 from .draft_loading import TargetInfo, load_draft
 from .generation_config import read_generation_defaults
@@ -79,7 +79,7 @@ def build_engine(
     *,
     mode: str = "spec",
     block_size: int | None = None,
-    draft_length: DraftLength = "adaptive",
+    draft_length: DraftLength = DEFAULT_DRAFT_LENGTH,
     window: DraftWindow | None = None,
     context_length: int | None = None,
     no_draft: bool = False,

@@ -19,6 +19,7 @@ from toolflash.cache.prefix_cache import PrefixCache
 from toolflash.cache.state import SessionState
 
 from .api import (
+    DEFAULT_DRAFT_LENGTH,
     ContextLengthError,
     CycleRecord,
     DraftLength,
@@ -56,7 +57,7 @@ class EngineOptions:
 
     mode: Mode = "spec"
     block_size: int | None = None
-    draft_length: DraftLength = "adaptive"
+    draft_length: DraftLength = DEFAULT_DRAFT_LENGTH
     window: DraftWindow = DraftWindow()
     prefill_chunk: int = PREFILL_CHUNK
     context_length: int | None = None
