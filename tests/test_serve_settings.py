@@ -105,10 +105,17 @@ def test_the_defaults_file_is_a_config_giving_the_defaults(tmp_path: Path) -> No
 
 
 # -- a default restated in code ------------------------------------------------------------------
+# Engine settings watched in engine/ too, and where each is declared (its one literal default).
+EVERYWHERE = {
+    "prefill_chunk": "engine/session.py:PREFILL_CHUNK",
+    "draft_length": "engine/api.py:DEFAULT_DRAFT_LENGTH",
+}
+
+
 def setting_names() -> dict[str, Any]:
     """Field names and flag destinations -> declared default. Only names with an underscore:
     `mode`, `model` or `port` alone mean other things in other modules."""
-    out: dict[str, Any] = {"prefill_chunk": None}  # the engine's, declared in engine/session.py
+    out: dict[str, Any] = dict.fromkeys(EVERYWHERE)
     for _, spec in SPECS:
         for name in (spec.field, spec.dest):
             if "_" in name:
@@ -147,8 +154,6 @@ def literal_defaults(source: str) -> Iterator[tuple[int, str, Any]]:
                 yield node.lineno, name, literal
 
 
-# Where each name is declared (its one literal default).
-DECLARED_IN = {"prefill_chunk": "engine/session.py:PREFILL_CHUNK"}
 SCANNED = ("toolflash", "gateway", "cache")
 
 
@@ -164,7 +169,7 @@ def restated_in_code() -> list[str]:
         path = ROOT / name
         if name in declaring or not path.exists():
             continue
-        watched = names if name.startswith(SCANNED) else {"prefill_chunk": None}
+        watched = names if name.startswith(SCANNED) else EVERYWHERE
         for line, setting, value in literal_defaults(path.read_text(encoding="utf-8")):
             if setting in watched:
                 found.append(f"{name}:{line}: {setting}={value!r}")
@@ -174,7 +179,7 @@ def restated_in_code() -> list[str]:
 def test_no_default_is_restated_in_code() -> None:
     assert restated_in_code() == [], (
         "restated defaults: take them from the declaration (gateway/config.py, cache/config.py, "
-        "toolflash/commands/serve_settings.py, or as DECLARED_IN says)"
+        "toolflash/commands/serve_settings.py, or as EVERYWHERE says)"
     )
 
 

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from toolflash.engine.api import (
+    DEFAULT_DRAFT_LENGTH,
     DraftLength,
     Engine,
     FinishEvent,
@@ -98,7 +99,7 @@ def bench_kind(
     repeats: int,
     temperature: float = 0.0,
     seed: int = 0,
-    draft_lengths: Sequence[DraftLength] = ("adaptive",),
+    draft_lengths: Sequence[DraftLength] = (DEFAULT_DRAFT_LENGTH,),
     on_run: Callable[[], object] = lambda: None,
 ) -> list[KindResult]:
     """Run every prompt of one kind at `temperature`: AR, then spec once per draft length,
@@ -212,7 +213,7 @@ def run_benchmark(
     repeats: int = 1,
     temperatures: Sequence[float] = (0.0,),
     seed: int = 0,
-    draft_lengths: Sequence[DraftLength] = ("adaptive",),
+    draft_lengths: Sequence[DraftLength] = (DEFAULT_DRAFT_LENGTH,),
     progress: bool = False,
 ) -> dict[str, Any]:
     """All kinds at every temperature and draft length; returns a JSON-able report with

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolflash.cache.config import CacheConfig
-from toolflash.engine.api import DraftLength
+from toolflash.engine.api import DEFAULT_DRAFT_LENGTH, DraftLength
 from toolflash.engine.registry import EMBEDDED_MODEL
 from toolflash.gateway.config import GatewayConfig
 
@@ -37,7 +37,7 @@ class ServeSettings(BaseModel):
     host: str = Field(default="127.0.0.1", description="bind address")
     port: int = Field(default=8000, ge=0, le=65535, description="port")
     draft_length: DraftLength = Field(
-        default="adaptive",
+        default=DEFAULT_DRAFT_LENGTH,
         description="adaptive: a cycle drafts less after rejected drafts and back up to the block"
         " after accepted ones; fixed: every cycle drafts the whole block (a policy's block is the"
         " ceiling either way)",
