@@ -193,7 +193,10 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         worker = EngineWorker(
-            engine_factory, max_queue=config.max_queue, on_failure=on_load_failure
+            engine_factory,
+            max_queue=config.max_queue,
+            max_batch=config.max_batch,
+            on_failure=on_load_failure,
         )
         ctx = GatewayContext(
             config=config,
@@ -216,7 +219,7 @@ def create_app(
         worker.start()
         log.info(
             "gateway_starting",
-            mode=config.mode,
+            decoding="adaptive policy" if controller_factory is not None else config.mode,
             max_queue=config.max_queue,
             auth=bool(config.api_key),
         )
