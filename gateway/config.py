@@ -59,6 +59,12 @@ class GatewayConfig(BaseModel):
     max_queue: int = Field(
         default=16, ge=1, description="requests that may wait for the engine (429 past it)"
     )
+    max_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="requests decoded together in one continuous batch (the rest queue;"
+        " unset: 4 per CPU core within 2..16; 1: one request at a time)",
+    )
     api_key: str | None = Field(
         default=None,
         description="require 'Authorization: Bearer KEY'; mandatory when --host is not a"
