@@ -59,6 +59,7 @@ Block = Annotated[
 ]
 _BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
 _ROLE_BLOCKS = {
+    "system": {"text"},
     "user": {"text", "tool_result"},
     "assistant": {"text", "tool_use", "thinking", "redacted_thinking"},
 }
@@ -81,7 +82,10 @@ def _check_block_types(content: Any, allowed: set[str] | None = None) -> None:
 
 
 class MessageParam(WireModel):
-    role: Literal["user", "assistant"]
+    """A turn; `system` turns are mid-conversation instructions (Claude Code sends them, beta
+    `mid-conversation-system`): text only, rendered as system messages where they stand."""
+
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
     @model_validator(mode="before")

@@ -1,7 +1,7 @@
 """Anthropic Messages request -> the neutral `ApiRequest` (pure: no engine, no starlette).
 
 Content blocks become the chat template's messages: `system` (a string or text blocks) the
-system message; a user turn's `tool_result` blocks one `tool` message each (in order, its text
+system message, as is a mid-conversation `system` turn where it stands; a user turn's `tool_result` blocks one `tool` message each (in order, its text
 blocks joined by newlines, prefixed `Error: ` when `is_error`), its text blocks user messages;
 an assistant turn's text its content, its `thinking` its reasoning and its `tool_use` blocks
 its tool calls. `tool_choice` any / tool / none are OpenAI's required / named / none;
@@ -108,6 +108,10 @@ def conversation(req: CountTokensRequest) -> Conversation:
     for m in req.messages:
         if m.role == "user":
             chars += _user(m, messages)
+        elif m.role == "system":
+            text = m.content if isinstance(m.content, str) else _text(m.content)
+            chars += len(text)
+            messages.append({"role": "system", "content": text})
         else:
             messages.append(_assistant(m))
     if req.messages[-1].role == "assistant":

@@ -445,3 +445,32 @@ def test_same_greedy_output_as_chat_completions(served: Served) -> None:
         assert a.usage.input_tokens == o.usage.prompt_tokens  # type: ignore[union-attr]
     metrics = httpx.get(f"{served.url}/metrics").text
     assert 'api="messages"' in metrics and 'api="chat"' in metrics
+
+
+def test_a_mid_conversation_system_turn_stays_where_it_stands(served: Served) -> None:
+    """Claude Code sends `system` turns inside `messages` (its mid-conversation-system beta)."""
+    body = {
+        "model": "fake-model",
+        "max_tokens": 32,
+        "system": "top",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "q"}]},
+            {"role": "system", "content": [{"type": "text", "text": "agents: a, b"}]},
+            {"role": "user", "content": "go"},
+        ],
+    }
+    r = httpx.post(f"{served.url}/v1/messages", json=body, timeout=20)
+    assert r.status_code == 200, r.text
+    messages = served.engine.last_chat[0]  # type: ignore[index]
+    assert [(m["role"], m["content"]) for m in messages] == [
+        ("system", "top"),
+        ("user", "q"),
+        ("system", "agents: a, b"),
+        ("user", "go"),
+    ]
+    bad = {
+        **body,
+        "messages": [{"role": "system", "content": [{"type": "tool_result", "tool_use_id": "x"}]}],
+    }
+    r = httpx.post(f"{served.url}/v1/messages", json=bad, timeout=20)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
