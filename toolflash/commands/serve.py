@@ -11,6 +11,7 @@ import ipaddress
 import sys
 from typing import Any
 
+from toolflash.cache.config import CacheConfig
 from toolflash.commands.options import adaptive_policy, policy_state_file
 from toolflash.commands.serve_settings import SECTIONS, ServeSettings
 from toolflash.commands.settings_cli import (
@@ -65,20 +66,17 @@ key, default and help are derived from it. Every key also works in a `--config` 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     """The gateway settings these arguments give."""
-    config: GatewayConfig = settings_from_args(GatewayConfig, args)
-    return config
+    return settings_from_args(GatewayConfig, args)
 
 
-def cache_config(args: argparse.Namespace) -> Any:
+def cache_config(args: argparse.Namespace) -> CacheConfig:
     """The prefix cache's settings these arguments give."""
-    from toolflash.cache.config import CacheConfig
-
     return settings_from_args(CacheConfig, args)
 
 
 def serve_settings(args: argparse.Namespace) -> ServeSettings:
-    settings: ServeSettings = settings_from_args(ServeSettings, args)
-    return settings
+    """The server process's settings these arguments give."""
+    return settings_from_args(ServeSettings, args)
 
 
 def apply_config(args: argparse.Namespace, path: str) -> argparse.Namespace:

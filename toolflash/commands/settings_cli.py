@@ -19,13 +19,14 @@ import types
 import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 Kind = Literal["value", "bool", "list"]
+Settings = TypeVar("Settings", bound=BaseModel)
 
 
 class SettingsError(ValueError):
@@ -186,7 +187,7 @@ def values_from_args(model: type[BaseModel], args: argparse.Namespace) -> dict[s
     return out
 
 
-def settings_from_args(model: type[BaseModel], args: argparse.Namespace) -> Any:
+def settings_from_args(model: type[Settings], args: argparse.Namespace) -> Settings:
     """The model built from the flags; SettingsError names the flag and the reason."""
     try:
         return model(**values_from_args(model, args))
