@@ -56,9 +56,14 @@ class Lane:
         self.request = request
         self.cancel = cancel
         self.prompt = prompt
-        self.controller = controller if engine.drafter is not None else None
+        self.controller = controller
         self.mode: Mode = self._runnable(request.mode)
-        self.block_size = request.block_size or engine.default_block_size
+        spec_block = request.block_size or engine.default_block_size
+        lookup_block = request.block_size or engine.options.lookup.block_size
+        self.block_size = lookup_block if self.mode == "lookup" else spec_block
+        # The arms a controller may choose from: spec up to the drafter's block (0: none),
+        # lookup at its block (as the engine's own loop).
+        self.arm_blocks = (spec_block if engine.drafter is not None else 0, lookup_block)
         adaptive = (request.draft_length or engine.options.draft_length) == "adaptive"
         self.schedule = DraftLengthSchedule(self.block_size) if adaptive else None
         self.session = GenerationSession(
@@ -68,6 +73,7 @@ class Lane:
             prefill_chunk=engine.options.prefill_chunk,
             chooser=build_chooser(request, engine.target.vocab_size, engine.tokenizer),
             logprobs=request.logprobs,
+            lookup=engine.options.lookup,
         )
         eos_ids = frozenset() if request.ignore_eos else engine.eos_ids
         max_tokens = min(request.max_tokens, engine.context_length - len(prompt))
@@ -96,7 +102,7 @@ class Lane:
         )
         self._deferred: list[SessionState] = []
         self._prepared: Future[None] | None = (
-            engine._prepare(self.controller, len(prompt), self.block_size)
+            engine._prepare(self.controller, len(prompt), self.arm_blocks)
             if self.controller is not None
             else None
         )
@@ -147,7 +153,7 @@ class Lane:
         if self.controller is not None and self._prepared is not None:
             self._prepared.result()
             self.controller.observe_prefix(first_text or engine.decode([first]))
-            decision = self.controller.start(len(self.prompt), self.block_size)
+            decision = self.controller.start(len(self.prompt), *self.arm_blocks)
             self.mode, self.block_size = decision.mode, decision.block_size
         events: list[EngineEvent] = [
             TokenEvent((first,), first_text, None, engine._logprobs(session.first_logprobs))
@@ -182,7 +188,8 @@ class Lane:
         remaining = self.matcher.remaining
         block = min(_block(self.schedule, self.block_size), remaining)
         mode = self.next_mode()
-        lookahead = prepare and mode == "ar" and remaining > 1
+        # An AR step (or a lookup step that finds no match) queues the next one's forward.
+        lookahead = prepare and mode != "spec" and remaining > 1
         step = self.session.step(mode, block, self.matcher.check, lookahead)
         self.batch_sizes.append(1)
         return self._after(step, solo=True, prepare=prepare)
