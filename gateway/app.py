@@ -193,7 +193,11 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         worker = EngineWorker(
-            engine_factory, max_queue=config.max_queue, on_failure=on_load_failure
+            engine_factory,
+            max_queue=config.max_queue,
+            max_batch=config.max_batch,
+            memory_limit=config.batch_memory_bytes,
+            on_failure=on_load_failure,
         )
         ctx = GatewayContext(
             config=config,

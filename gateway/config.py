@@ -65,6 +65,15 @@ class GatewayConfig(BaseModel):
         description="requests decoded together in one continuous batch (the rest queue;"
         " unset: 4 per CPU core within 2..16; 1: one request at a time)",
     )
+    batch_memory_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="memory for the batch's caches: each running request reserves its prompt"
+        " + max_tokens of K/V and its recurrent state, and waits (or gets a 429 if it could"
+        " never fit) past it (MB on the command line; unset: half the machine's memory less"
+        " the weights)",
+        json_schema_extra={"flag": "batch-memory-mb", "scale": MB},
+    )
     api_key: str | None = Field(
         default=None,
         description="require 'Authorization: Bearer KEY'; mandatory when --host is not a"

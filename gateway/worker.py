@@ -181,6 +181,7 @@ class EngineWorker:
         *,
         max_queue: int,
         max_batch: int | None = None,
+        memory_limit: int | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         if max_queue < 1:
@@ -192,6 +193,7 @@ class EngineWorker:
         self._on_failure = on_failure
         self.max_queue = max_queue
         self.max_batch = max_batch
+        self.memory_limit = memory_limit  # bytes for the batch's caches (None: the machine's)
         self._queue: deque[Job | EngineCall] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -317,7 +319,7 @@ class EngineWorker:
                 self._on_failure(exc)
             return
         engine = self.engine
-        batcher = batcher_for(engine, self.max_batch)
+        batcher = batcher_for(engine, self.max_batch, self.memory_limit)
         self.max_batch = min(self.max_batch, batcher.capacity)
         self.state = "ready"
         self.ready.set()
@@ -333,29 +335,51 @@ class EngineWorker:
                     except Exception as exc:
                         call.future.set_exception(exc)
                 continue
-            for job in jobs:
-                self._admit(engine, batcher, job)
+            for i, job in enumerate(jobs):
+                if not self._admit(engine, batcher, job):
+                    with self._cond:  # no room yet: these wait at the head, in order
+                        self._queue.extendleft(reversed(jobs[i:]))
+                    break
             self._step(batcher)
         # Stopping: the running jobs were cancelled; each ends at its next step.
         while batcher.size:
             self._step(batcher)
 
-    def _admit(self, engine: Engine, batcher: Batcher, job: Job) -> None:
-        job.started_at = time.perf_counter()
+    def _admit(self, engine: Engine, batcher: Batcher, job: Job) -> bool:
+        """Prepare `job` (once) and add it to the batch; False when the batch's memory has no
+        room for it until running jobs finish (it keeps its place at the head of the queue)."""
+        if job.prepared is None:
+            job.started_at = time.perf_counter()
+            try:
+                job.prepared = job.prepare(engine)
+            except Exception as exc:
+                job.push("error", exc)
+                return True
+            job.mode = job.prepared.request.mode
+            job.push("prepared", job.prepared)
+        request = job.prepared.request
+        admission = batcher.admission(request)
+        if admission == "wait" and batcher.size > 0:
+            return False
+        if admission == "never":
+            retry = self.retry_after_s()
+            job.push(
+                "error",
+                Overloaded(
+                    f"the request needs more cache memory ({len(request.prompt_tokens)} prompt"
+                    f" + {request.max_tokens} output tokens) than the server's batch budget;"
+                    " lower max_tokens or shorten the prompt",
+                    headers={"Retry-After": str(retry)},
+                ),
+            )
+            return True
         try:
-            prepared = job.prepare(engine)
+            batcher.add(job, request, job.cancel, job.prepared.decision_log)
         except Exception as exc:
             job.push("error", exc)
-            return
-        job.prepared = prepared
-        job.mode = prepared.request.mode
-        job.push("prepared", prepared)
-        try:
-            batcher.add(job, prepared.request, job.cancel, prepared.decision_log)
-        except Exception as exc:
-            job.push("error", exc)
-            return
+            return True
         self.active.append(job)
+        return True
 
     def _step(self, batcher: Batcher) -> None:
         for key, outcome in batcher.step():

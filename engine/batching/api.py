@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Hashable, Iterator
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import structlog
 
@@ -20,6 +20,8 @@ from ..api import Engine, EngineEvent, FinishEvent, GenerationRequest, ModeContr
 log = structlog.get_logger(__name__)
 
 Outcome = list[EngineEvent] | BaseException
+# Whether a request fits the batch's memory budget: now, once running ones finish, or never.
+Admission = Literal["now", "wait", "never"]
 
 
 def default_max_batch() -> int:
@@ -41,6 +43,8 @@ class Batcher(Protocol):
     def capacity(self) -> int:
         """The most generations it runs at once."""
         ...
+
+    def admission(self, request: GenerationRequest) -> Admission: ...
 
     def add(
         self,
@@ -71,6 +75,9 @@ class GeneratorBatcher:
     @property
     def size(self) -> int:
         return len(self._running) + len(self._closing)
+
+    def admission(self, request: GenerationRequest) -> Admission:
+        return "now"  # one at a time: memory is the engine's own business, as before
 
     def add(
         self,
@@ -112,14 +119,15 @@ class GeneratorBatcher:
         return out
 
 
-def batcher_for(engine: Engine, max_batch: int) -> Batcher:
-    """The engine's continuous batcher (capacity `max_batch`) when it has one and more than one
-    sequence may run; else one `generate` at a time."""
+def batcher_for(engine: Engine, max_batch: int, memory_limit: int | None = None) -> Batcher:
+    """The engine's continuous batcher (capacity `max_batch`, `memory_limit` bytes for its
+    sequences' caches) when it has one and more than one sequence may run; else one
+    `generate` at a time."""
     if max_batch > 1:
         from ..service import DFlashEngine  # noqa: PLC0415 (mlx: only once an engine exists)
 
         if isinstance(engine, DFlashEngine):
             from .batcher import EngineBatcher  # noqa: PLC0415
 
-            return EngineBatcher(engine, max_batch)
+            return EngineBatcher(engine, max_batch, memory_limit)
     return GeneratorBatcher(engine)

@@ -22,12 +22,12 @@ import structlog
 from ..api import EngineEvent, GenerationRequest, ModeController
 from ..host import host_ints
 from ..service import DFlashEngine
+from .api import Admission, Outcome
 from .lane import Lane
+from .memory import MemoryBudget, default_budget_bytes, sequence_cost, weights_bytes
 from .rows import BatchRows
 
 log = structlog.get_logger(__name__)
-
-Outcome = list[EngineEvent] | BaseException
 
 
 def decode_rule(running: int) -> str:
@@ -48,9 +48,14 @@ class _Entry:
 class EngineBatcher:
     """The running batch of one engine (used on the engine's own thread only)."""
 
-    def __init__(self, engine: DFlashEngine, capacity: int = 8) -> None:
+    def __init__(
+        self, engine: DFlashEngine, capacity: int = 8, memory_limit: int | None = None
+    ) -> None:
         self.engine = engine
         self.capacity = capacity  # sequences admitted at once (the worker enforces it)
+        weights = weights_bytes(engine.target.model)
+        limit = memory_limit if memory_limit is not None else default_budget_bytes(weights)
+        self.budget = MemoryBudget(sequence_cost(engine.target), limit)
         self.rows = BatchRows(engine.target)
         self.capture = engine.drafter.config.target_layer_ids if engine.drafter else ()
         self.prefilling: list[_Entry] = []
@@ -65,6 +70,18 @@ class EngineBatcher:
     def decoding(self) -> int:
         return len(self.running)
 
+    def _tokens(self, request: GenerationRequest) -> int:
+        """The most tokens `request` may hold: its prompt and all of its output."""
+        prompt = len(request.prompt_tokens)
+        return min(prompt + request.max_tokens, self.engine.context_length)
+
+    def admission(self, request: GenerationRequest) -> Admission:
+        """Whether `request` fits the memory budget now, later (once others finish) or never."""
+        tokens = self._tokens(request)
+        if self.budget.fits(tokens):
+            return "now"
+        return "wait" if self.budget.ever_fits(tokens) else "never"
+
     def add(
         self,
         key: Hashable,
@@ -75,6 +92,7 @@ class EngineBatcher:
         """Queue `request` for prefill (raises what the engine refuses, e.g. a prompt longer
         than the context)."""
         self.prefilling.append(_Entry(key, Lane(self.engine, request, cancel, controller)))
+        self.budget.reserve(key, self._tokens(request))
 
     def cancel(self, key: Hashable) -> list[EngineEvent]:
         """End `key`'s generation now (its FinishEvent says cancelled); [] if unknown."""
@@ -107,6 +125,7 @@ class EngineBatcher:
             return self._fail([entry], exc)
         if entry.lane.done:
             self.prefilling.remove(entry)
+            self.budget.release(entry.key)
         elif entry.lane.prefilled:
             self.prefilling.remove(entry)
             self.running.append(entry)
@@ -123,6 +142,7 @@ class EngineBatcher:
             return self._fail([entry], exc)
         if entry.lane.done:
             self.running.remove(entry)
+            self.budget.release(entry.key)
         return [(entry.key, events)]
 
     def _batched(self) -> list[tuple[Hashable, Outcome]]:
@@ -165,6 +185,8 @@ class EngineBatcher:
             if lane.done or isinstance(events, BaseException):
                 finished.append(i)
         if finished:
+            for i in finished:
+                self.budget.release(entries[i].key)
             self.rows.keep([i for i in range(len(entries)) if i not in finished])
             self.running = [e for i, e in enumerate(entries) if i not in finished] + alone
         return out
@@ -189,6 +211,7 @@ class EngineBatcher:
 
     def _detach(self, entry: _Entry) -> None:
         """Take `entry` out of the batch (its caches back to it, its row dropped)."""
+        self.budget.release(entry.key)
         if entry in self.prefilling:
             self.prefilling.remove(entry)
         if entry in self.running:

@@ -179,3 +179,24 @@ def test_refused_request_does_not_disturb_the_batch(engine: Any) -> None:
     with pytest.raises(ContextLengthError):
         batcher.add("x", too_long)
     assert batcher.size == 0
+
+
+def test_memory_budget_admits_waits_and_refuses(engine: Any) -> None:
+    from toolflash.engine.batching.memory import sequence_cost
+
+    cost = sequence_cost(engine.target)
+    assert cost.per_token > 0
+    if engine.target.family == "qwen3_5":
+        assert cost.fixed > 0  # GatedDeltaNet state per sequence
+    one = cost.bytes_for(300)
+    batcher = EngineBatcher(engine, memory_limit=one + one // 2)
+    req = GenerationRequest(prompts(engine, 1)[0], 300 - len(prompts(engine, 1)[0]))
+    assert batcher.admission(req) == "now"
+    batcher.add("a", req)
+    assert batcher.admission(req) == "wait"  # fits once "a" is gone
+    huge = GenerationRequest(req.prompt_tokens, 4000)
+    assert batcher.admission(huge) == "never"
+    run = Run()
+    while batcher.size:
+        run.take(batcher.step())
+    assert batcher.budget.used == 0 and batcher.admission(req) == "now"

@@ -170,3 +170,35 @@ def test_default_max_batch_is_sized_to_the_machine() -> None:
     assert 2 <= default_max_batch() <= 16
     with pytest.raises(ValueError):
         EngineWorker(lambda: FakeEngine(), max_queue=1, max_batch=0)
+
+
+def test_request_waits_for_memory_and_one_that_never_fits_is_refused(engine: Any) -> None:
+    from toolflash.engine.batching.memory import sequence_cost
+
+    reqs = requests(engine, 2, max_tokens=200)
+    tokens = [len(r.prompt_tokens) + r.max_tokens for r in reqs]
+    limit = sequence_cost(engine.target).bytes_for(max(tokens)) * 3 // 2
+    worker = EngineWorker(lambda: engine, max_queue=4, max_batch=4, memory_limit=limit)
+    worker.start()
+    assert worker.ready.wait(10)
+    seen: list[int] = []
+
+    async def main() -> None:
+        jobs = [job("a", reqs[0]), job("b", reqs[1])]
+        for j in jobs:
+            worker.submit(j)
+        outs = await asyncio.gather(
+            *(collect(j, lambda _j, _n: seen.append(worker.running)) for j in jobs)
+        )
+        assert outs == [alone(engine, r) for r in reqs]  # b waited for a's memory, then ran
+        huge = job("c", GenerationRequest(reqs[0].prompt_tokens, 100_000))
+        worker.submit(huge)
+        with pytest.raises(Overloaded) as refused:
+            await collect(huge)
+        assert int(refused.value.headers["Retry-After"]) >= 1
+
+    try:
+        asyncio.run(main())
+    finally:
+        worker.stop()
+    assert max(seen) == 1  # never both at once: the budget held one
