@@ -166,6 +166,9 @@ class CycleRecord:
     context_len: int
     forced: int = 0
     draft_cut: bool = False
+    # Sequences in the forward this step ran in: 1 alone, more in a batched AR step (the
+    # continuous batch, engine/batching/), whose cost is the whole batch's.
+    rows: int = 1
 
     @property
     def total_s(self) -> float:
@@ -294,6 +297,19 @@ class GenerationStats:
     @property
     def decode_tokens_per_s(self) -> float:
         return self.completion_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def batch_band(self) -> str:
+        """The band of the largest batch its decode steps ran in (`batch_band`)."""
+        return batch_band(max((c.rows for c in self.cycles), default=1))
+
+
+def batch_band(rows: int) -> str:
+    """A batch size as a band: "1" (alone), "2-3", "4-7", "8-15", "16+"."""
+    if rows <= 1:
+        return "1"
+    low = 1 << (rows.bit_length() - 1)
+    return "16+" if low >= 16 else f"{low}-{2 * low - 1}"
 
 
 @dataclass(frozen=True)

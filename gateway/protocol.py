@@ -353,6 +353,8 @@ class ToolflashInfo(BaseModel):
     max_tokens_clamped: bool
     decode_tokens_per_s: float
     timings: Timings
+    # The largest batch its decode steps ran in, as a band: "1" (alone), "2-3", "4-7", ...
+    batch_band: str = "1"
     tool_calls: list[ToolCallReportModel] = []
     rejected_tool_spans: list[dict[str, Any]] = []
     ignored_fields: list[str] = []

@@ -100,6 +100,7 @@ def toolflash_info(r: RequestRecord) -> ToolflashInfo:
         max_tokens_clamped=r.prep.max_tokens_clamped,
         decode_tokens_per_s=round(s.decode_tokens_per_s, 3) if s else 0.0,
         timings=r.timings,
+        batch_band=s.batch_band if s else "1",
         tool_calls=[ToolCallReportModel(**t.as_dict()) for t in r.tool_calls],
         rejected_tool_spans=list(r.rejected_tool_spans),
         ignored_fields=list(r.ignored_fields),

@@ -111,7 +111,6 @@ class Lane:
         self.decode_s = 0.0
         self.done = False
         self.prefilled = False
-        self.batch_sizes: list[int] = []  # per decode step: the rows it ran in (1 alone)
         # Set by the scheduler while the caches are a batch row: returns them as this
         # session's own (called before the end publishes the state).
         self.reclaim: Callable[[], list[Any]] | None = None
@@ -191,7 +190,6 @@ class Lane:
         # An AR step (or a lookup step that finds no match) queues the next one's forward.
         lookahead = prepare and mode != "spec" and remaining > 1
         step = self.session.step(mode, block, self.matcher.check, lookahead)
-        self.batch_sizes.append(1)
         return self._after(step, solo=True, prepare=prepare)
 
     def leave_solo(self) -> None:
@@ -233,9 +231,9 @@ class Lane:
             verify_s=step_s,
             rollback_s=0.0,
             context_len=session.fed,
+            rows=rows,
         )
         session.cycles += 1
-        self.batch_sizes.append(rows)
         return self._after(StepResult([token], record, end is not None, logprobs), solo=False)
 
     def _after(self, step: StepResult, solo: bool, prepare: bool = False) -> list[EngineEvent]:

@@ -119,6 +119,9 @@ def test_batched_greedy_equals_alone(engine: Any, offsets: tuple[int, ...]) -> N
         assert run.text[i] == text
         assert run.finish[i].finish_reason == reason
         assert run.finish[i].stats.completion_tokens == len(tokens)
+    # The longest request ran alone at its end, the others beside it in batched AR steps.
+    bands = [run.finish[i].stats.batch_band for i in range(len(reqs))]
+    assert "1" not in bands[:-1] and bands[0] in ("2-3", "4-7")
     assert batcher.rows.size == 0 and batcher.rows.layers is None
 
 
