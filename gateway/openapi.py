@@ -14,6 +14,7 @@ from toolflash.gateway.dialects.anthropic_protocol import (
     MessageResponse,
     MessagesRequest,
 )
+from toolflash.gateway.dialects.responses_protocol import ResponseObject, ResponsesRequest
 from toolflash.gateway.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -95,6 +96,8 @@ def openapi_document(version: str) -> dict[str, Any]:
         ModelList,
         ModelCard,
         ErrorResponse,
+        ResponsesRequest,
+        ResponseObject,
         MessagesRequest,
         MessageResponse,
         CountTokensRequest,
@@ -111,6 +114,7 @@ def openapi_document(version: str) -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": _post("Chat completion", ChatCompletionRequest, ChatCompletion),
             "/v1/completions": _post("Text completion", CompletionRequest, Completion),
+            "/v1/responses": _post("OpenAI Responses", ResponsesRequest, ResponseObject),
             "/v1/messages": _post(
                 "Anthropic Messages", MessagesRequest, MessageResponse, error=AnthropicError
             ),
