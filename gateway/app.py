@@ -24,6 +24,7 @@ from toolflash.gateway.dialects.anthropic import count_tokens, create_message
 from toolflash.gateway.dialects.anthropic import error_body as anthropic_error
 from toolflash.gateway.dialects.chat import create_chat_completion
 from toolflash.gateway.dialects.completions import create_completion
+from toolflash.gateway.dialects.responses import create_response
 from toolflash.gateway.errors import (
     ErrorShape,
     GatewayError,
@@ -243,6 +244,7 @@ def create_app(
     routes = [
         Route("/v1/chat/completions", api_route(create_chat_completion), methods=["POST"]),
         Route("/v1/completions", api_route(create_completion), methods=["POST"]),
+        Route("/v1/responses", api_route(create_response), methods=["POST"]),
         Route("/v1/messages", api_route(create_message, anthropic_error), methods=["POST"]),
         Route(
             "/v1/messages/count_tokens",
