@@ -29,8 +29,10 @@ class DraftConfigError(ValueError):
     """A drafter config.json that cannot describe a usable DFlash drafter."""
 
 
-def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """z-lab's default feature layers: evenly from layer 1 to L-3 (the middle for 1 layer)."""
+def zlab_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's feature layers for a drafter config that names none: evenly from layer 1 to L-3
+    (the middle for 1 layer). Our own drafters are trained with
+    `training.draft_config.default_target_layer_ids`, which differs on small targets."""
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3
@@ -98,7 +100,7 @@ class DraftConfig:
                     "draft config.json has neither dflash_config.target_layer_ids nor "
                     "num_target_layers"
                 )
-            layer_ids = default_target_layer_ids(int(n_target), n_layers)
+            layer_ids = zlab_target_layer_ids(int(n_target), n_layers)
         rope = cfg.get("rope_parameters") or {}
         rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 1_000_000.0))
         rope_scaling = cfg.get("rope_scaling")

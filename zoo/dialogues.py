@@ -13,7 +13,7 @@ from typing import Any
 
 from toolflash.zoo import slots as s
 from toolflash.zoo.records import Record, ToolCallFormat
-from toolflash.zoo.tools_catalog import BY_NAME, CATALOG, Args, Result, ToolSpec
+from toolflash.zoo.tools_catalog import BY_NAME, CATALOG, Args, CatalogTool, Result
 
 SYSTEM_PROMPTS = (
     "You are a helpful coding assistant working in the user's repository. Use the tools when they help.",
@@ -50,15 +50,15 @@ class _Blank(dict[str, str]):
         return "it"
 
 
-def _call(spec: ToolSpec, args: Args) -> dict[str, Any]:
+def _call(spec: CatalogTool, args: Args) -> dict[str, Any]:
     return {"type": "function", "function": {"name": spec.name, "arguments": args}}
 
 
-def _request(rng: random.Random, spec: ToolSpec, args: Args) -> str:
+def _request(rng: random.Random, spec: CatalogTool, args: Args) -> str:
     return _fill(rng.choice(spec.requests), args)
 
 
-def _reasoning(rng: random.Random, calls: list[tuple[ToolSpec, Args]]) -> str:
+def _reasoning(rng: random.Random, calls: list[tuple[CatalogTool, Args]]) -> str:
     parts = [
         rng.choice(
             (
@@ -78,7 +78,7 @@ def _reasoning(rng: random.Random, calls: list[tuple[ToolSpec, Args]]) -> str:
     return " ".join(parts)
 
 
-def _final_reasoning(rng: random.Random, results: list[tuple[ToolSpec, Result]]) -> str:
+def _final_reasoning(rng: random.Random, results: list[tuple[CatalogTool, Result]]) -> str:
     return " ".join(
         f"{spec.name} returned {json.dumps(result, ensure_ascii=False)[:300]}."
         for spec, result in results
@@ -86,7 +86,7 @@ def _final_reasoning(rng: random.Random, results: list[tuple[ToolSpec, Result]])
 
 
 def _assistant_calls(
-    rng: random.Random, calls: list[tuple[ToolSpec, Args]], thinking: bool
+    rng: random.Random, calls: list[tuple[CatalogTool, Args]], thinking: bool
 ) -> dict[str, Any]:
     msg: dict[str, Any] = {
         "role": "assistant",
@@ -98,7 +98,7 @@ def _assistant_calls(
     return msg
 
 
-def _tool_messages(results: list[tuple[ToolSpec, Result]]) -> list[dict[str, Any]]:
+def _tool_messages(results: list[tuple[CatalogTool, Result]]) -> list[dict[str, Any]]:
     return [
         {"role": "tool", "name": spec.name, "content": json.dumps(result, ensure_ascii=False)}
         for spec, result in results
@@ -107,7 +107,7 @@ def _tool_messages(results: list[tuple[ToolSpec, Result]]) -> list[dict[str, Any
 
 def _final(
     rng: random.Random,
-    done: list[tuple[ToolSpec, Args, Result]],
+    done: list[tuple[CatalogTool, Args, Result]],
     thinking: bool,
 ) -> dict[str, Any]:
     text = " ".join(_fill(rng.choice(spec.answers), args, result) for spec, args, result in done)
@@ -117,13 +117,13 @@ def _final(
     return msg
 
 
-def _tools_offered(rng: random.Random, used: list[ToolSpec]) -> list[dict[str, Any]]:
+def _tools_offered(rng: random.Random, used: list[CatalogTool]) -> list[dict[str, Any]]:
     names = {spec.name for spec in used}
     others = [t for t in CATALOG if t.name not in names]
     offered = list(used) + rng.sample(others, rng.randint(1, 6))
     rng.shuffle(offered)
     # The same tool may be used twice (two cities): list each tool once.
-    seen: dict[str, ToolSpec] = {t.name: t for t in offered}
+    seen: dict[str, CatalogTool] = {t.name: t for t in offered}
     return [t.schema() for t in seen.values()]
 
 
@@ -146,7 +146,7 @@ def dialogue(rng: random.Random, code: list[str], chats: list[tuple[str, str]]) 
         ["single", "parallel", "sequential", "coding", "no_tool"], weights=[34, 20, 16, 18, 12]
     )[0]
     messages: list[dict[str, Any]] = [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}]
-    used: list[ToolSpec] = []
+    used: list[CatalogTool] = []
 
     if shape == "no_tool" and chats:
         user, answer = rng.choice(chats)

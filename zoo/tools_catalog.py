@@ -1,6 +1,6 @@
 """The tool catalog of the synthetic agent dialogues: JSON schemas plus seeded argument/result makers.
 
-Each `ToolSpec` knows how to draw arguments (`make_args`), fake a tool result that depends on
+Each `CatalogTool` knows how to draw arguments (`make_args`), fake a tool result that depends on
 them (`make_result`), phrase a user request for it and an answer that reuses the values, so a
 dialogue copies names and values from its context the way real agent traffic does.
 """
@@ -19,7 +19,7 @@ Result = dict[str, Any]
 
 
 @dataclass(frozen=True)
-class ToolSpec:
+class CatalogTool:
     """One tool: its OpenAI function schema and the seeded makers of its dialogue parts."""
 
     name: str
@@ -191,8 +191,8 @@ def _ok(extra: Callable[[random.Random, Args], Result] | None = None) -> Callabl
     return make
 
 
-def _catalog() -> list[ToolSpec]:
-    T = ToolSpec
+def _catalog() -> list[CatalogTool]:
+    T = CatalogTool
     return [
         T("read_file", "Read a text file from the workspace and return its content.",
           {"path": _str("Path relative to the workspace root"),
@@ -410,5 +410,5 @@ def _catalog() -> list[ToolSpec]:
     ]  # fmt: skip
 
 
-CATALOG: tuple[ToolSpec, ...] = tuple(_catalog())
-BY_NAME: dict[str, ToolSpec] = {t.name: t for t in CATALOG}
+CATALOG: tuple[CatalogTool, ...] = tuple(_catalog())
+BY_NAME: dict[str, CatalogTool] = {t.name: t for t in CATALOG}
