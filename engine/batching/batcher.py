@@ -13,29 +13,41 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 import structlog
 
-from ..api import EngineEvent, GenerationRequest, ModeController
+from ..api import EngineEvent, GenerationRequest, Mode, ModeController
 from ..host import host_ints
 from ..service import DFlashEngine
 from .api import Admission, Outcome
 from .lane import Lane
 from .memory import MemoryBudget, default_budget_bytes, sequence_cost, weights_bytes
 from .rows import BatchRows
+from .verify import rollback_rows
 
 log = structlog.get_logger(__name__)
 
 
-def decode_rule(running: int) -> str:
+def decode_rule(running: int, modes: Sequence[Mode] = ()) -> str:
     """How `running` decoding sequences advance this step: one alone keeps the request's full
-    policy (speculation where it pays); two or more share one batched AR forward (on the
-    embedded qwen35 pair a batched AR step for 4 rows costs ~1.2x one row's and for 8 ~1.6x,
-    while a verify block costs ~2.3x an AR step for one row only)."""
-    return "solo" if running == 1 else "batched_ar"
+    policy (spec, lookup or AR cycles); two or more share one target forward: a batched verify
+    of each row's own draft when every row's mode is spec ("batched_spec"), else one batched
+    AR step ("batched_ar"; rows in AR or lookup mode, or a mix)."""
+    if running == 1:
+        return "solo"
+    return "batched_spec" if modes and all(m == "spec" for m in modes) else "batched_ar"
+
+
+def _row(staged: int, draft: mx.array, width: int) -> mx.array:
+    """A verify row: the staged token, the draft, zeros up to `width` (rows past a row's own
+    draft are computed and never read)."""
+    parts = [mx.array([staged], dtype=mx.int32), draft.astype(mx.int32)]
+    if width - 1 - int(draft.shape[0]) > 0:
+        parts.append(mx.zeros((width - 1 - int(draft.shape[0]),), dtype=mx.int32))
+    return mx.concatenate(parts)
 
 
 @dataclass
@@ -158,6 +170,8 @@ class EngineBatcher:
         entries = rowed  # row order
         self.running = [*rowed, *alone]
         lanes = [e.lane for e in entries]
+        if decode_rule(len(lanes), [lane.batch_mode() for lane in lanes]) == "batched_spec":
+            return self._batched_spec(entries)
         try:
             t0 = time.perf_counter()
             res = self.rows.forward([lane.session.staged for lane in lanes], self.capture)
@@ -169,27 +183,79 @@ class EngineBatcher:
             step_s = time.perf_counter() - t0
         except Exception as exc:
             return self._fail(entries, exc)
+        return self._commit_rows(
+            entries,
+            lambda i, lane: lane.commit_row(
+                tokens[i],
+                logits[i],
+                res.features[i : i + 1] if res.features is not None else None,
+                step_s,
+                len(lanes),
+            ),
+        )
+
+    def _commit_rows(
+        self, entries: list[_Entry], commit: Callable[[int, Lane], list[EngineEvent]]
+    ) -> list[tuple[Hashable, Outcome]]:
+        """Commit each row's step (`commit(i, lane)`); rows whose generation ended leave."""
         out: list[tuple[Hashable, Outcome]] = []
         finished: list[int] = []
-        for i, (lane, token) in enumerate(zip(lanes, tokens)):
-            features = res.features[i : i + 1] if res.features is not None else None
+        for i, entry in enumerate(entries):
+            lane = entry.lane
             # A lane that ends here takes its row back first (it publishes from its own).
             lane.reclaim = lambda i=i: self.rows.extract(i)
             try:
-                events: Outcome = lane.commit_row(token, logits[i], features, step_s, len(lanes))
+                events: Outcome = commit(i, lane)
             except Exception as exc:
                 events = exc
                 lane.release()
             lane.reclaim = None
-            out.append((entries[i].key, events))
+            out.append((entry.key, events))
             if lane.done or isinstance(events, BaseException):
                 finished.append(i)
         if finished:
+            alone = [e for e in self.running if e not in entries]
             for i in finished:
                 self.budget.release(entries[i].key)
             self.rows.keep([i for i in range(len(entries)) if i not in finished])
             self.running = [e for i, e in enumerate(entries) if i not in finished] + alone
         return out
+
+    def _batched_spec(self, entries: list[_Entry]) -> list[tuple[Hashable, Outcome]]:
+        """One speculative cycle for every row: each drafts its own block (its own drafter
+        context), one target forward verifies all blocks (padded to the longest), each row
+        keeps its own accepted prefix (`rollback_rows`)."""
+        lanes = [e.lane for e in entries]
+        try:
+            t0 = time.perf_counter()
+            proposals = [lane.propose() for lane in lanes]
+            width = 1 + max(int(p.tokens.shape[0]) for p in proposals)
+            block = mx.stack(
+                [_row(lane.session.staged, p.tokens, width) for lane, p in zip(lanes, proposals)]
+            )
+            res = self.rows.verify(block, self.capture)
+            t1 = time.perf_counter()
+            judged = [
+                lane.judge(p, res.logits[i, : int(p.tokens.shape[0]) + 1])
+                for i, (lane, p) in enumerate(zip(lanes, proposals))
+            ]
+            t2 = time.perf_counter()
+            keeps = [min(acc, len(toks) - 1) + 1 for toks, acc, _ in judged]
+            rollback_rows(self.rows.layers or [], res, keeps)
+            times = (t1 - t0, t2 - t1, time.perf_counter() - t2)
+        except Exception as exc:
+            return self._fail(entries, exc)
+        return self._commit_rows(
+            entries,
+            lambda i, lane: lane.commit_block(
+                proposals[i],
+                judged[i],
+                res.logits[i, : int(proposals[i].tokens.shape[0]) + 1],
+                res.features[i : i + 1] if res.features is not None else None,
+                times,
+                len(lanes),
+            ),
+        )
 
     def _retire(self, entries: list[_Entry], end: object) -> list[tuple[Hashable, Outcome]]:
         out: list[tuple[Hashable, Outcome]] = []

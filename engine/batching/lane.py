@@ -34,6 +34,7 @@ from ..api import (
 from ..choosers import build_chooser
 from ..draft_length import DraftLengthSchedule
 from ..sampling.logprobs import token_logprobs
+from ..selection import Proposal
 from ..service import _CLEAR_CACHE_EVERY, DFlashEngine, _block, _TextTracker
 from ..session import GenerationSession, StepResult
 from ..stops import StopMatcher
@@ -114,6 +115,7 @@ class Lane:
         # Set by the scheduler while the caches are a batch row: returns them as this
         # session's own (called before the end publishes the state).
         self.reclaim: Callable[[], list[Any]] | None = None
+        self._asked = 0  # the block asked for by the last `propose`
 
     # -- prefill -----------------------------------------------------------------------
     def prefill_step(self) -> list[EngineEvent]:
@@ -178,6 +180,13 @@ class Lane:
     def next_mode(self) -> Mode:
         return self._runnable(self.request.mode_plan.get(len(self.cycles), self.mode))
 
+    def batch_mode(self) -> Mode:
+        """What this row does in a batched step: "spec" where its mode is spec with a block to
+        draft, else "ar" (lookup, AR, or a last token)."""
+        block = min(_block(self.schedule, self.block_size), self.matcher.remaining)
+        spec = self.next_mode() == "spec" and block > 1 and self.session.draft_ctx is not None
+        return "spec" if spec else "ar"
+
     def solo_step(self, prepare: bool) -> list[EngineEvent]:
         """One cycle or AR step alone, under the policy's mode and block (the engine's own
         loop); with `prepare`, the next step's device work starts before the event goes out
@@ -235,6 +244,72 @@ class Lane:
         )
         session.cycles += 1
         return self._after(StepResult([token], record, end is not None, logprobs), solo=False)
+
+    def propose(self) -> Proposal:
+        """This row's proposal for a batched verify: tokens a constraint forces, else the
+        drafter's block (the drafter context is the lane's own; no target cache is read)."""
+        session = self.session
+        block = min(_block(self.schedule, self.block_size), self.matcher.remaining)
+        proposal = session.chooser.forced(block - 1)
+        if proposal is None:
+            proposal = session.chooser.draft(session.proposer(session, block)[0])
+        mx.async_eval(proposal.tokens)
+        self._asked = block
+        return proposal
+
+    def judge(self, proposal: Proposal, logits: mx.array) -> tuple[list[int], int, bool]:
+        """Verify `proposal` against this row's verify logits [d+1, V]: the tokens to
+        commit (cut at a stop), how many drafted ones were accepted, whether it ends here."""
+        verdict = self.session.chooser.verify(proposal, logits)
+        committed = verdict.tokens
+        end = self.matcher.check(committed)
+        if end is not None:
+            committed = committed[: end + 1]
+        return committed, verdict.accepted, end is not None
+
+    def commit_block(
+        self,
+        proposal: Proposal,
+        judged: tuple[list[int], int, bool],
+        logits: mx.array,
+        features: mx.array | None,
+        times: tuple[float, float, float],
+        rows: int,
+    ) -> list[EngineEvent]:
+        """Commit a judged block (its K/V and recurrent state already rolled back to `keep`
+        rows by the scheduler): what the session's spec cycle commits, in the same order."""
+        session = self.session
+        committed, accepted, finished = judged
+        keep = min(accepted, len(committed) - 1) + 1
+        session.last_logits = logits[keep - 1]
+        if session.draft_ctx is not None and features is not None:
+            session.draft_ctx.add_features(features[:, :keep])
+        session.fed += keep
+        session.tokens.extend(committed)
+        session.chooser.commit(committed)
+        logprobs = (
+            token_logprobs(logits, committed, session.logprobs)
+            if session.logprobs is not None
+            else []
+        )
+        drafted = int(proposal.tokens.shape[0])
+        record = CycleRecord(
+            index=session.cycles,
+            mode="spec",
+            block_size=drafted + 1,
+            drafted=drafted,
+            accepted=accepted,
+            committed=len(committed),
+            draft_s=times[0],
+            verify_s=times[1],
+            rollback_s=times[2],
+            context_len=session.fed,
+            forced=drafted if proposal.forced else 0,
+            draft_cut=not proposal.forced and drafted < self._asked - 1,
+            rows=rows,
+        )
+        session.cycles += 1
+        return self._after(StepResult(committed, record, finished, logprobs), solo=False)
 
     def _after(self, step: StepResult, solo: bool, prepare: bool = False) -> list[EngineEvent]:
         self.cycles.append(step.record)

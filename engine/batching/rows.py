@@ -62,6 +62,12 @@ class BatchRows:
         column = mx.stack([mx.array(t).reshape(()) for t in tokens])[:, None].astype(mx.int32)
         return self.target.forward(column, self.layers, capture)
 
+    def verify(self, block: mx.array, capture: Sequence[int]) -> ForwardResult:
+        """One target forward of a block per row ([B, L]), keeping what `rollback_rows`
+        needs to keep a different prefix in each row."""
+        assert self.layers is not None and block.shape[0] == self.size
+        return self.target.forward(block, self.layers, capture, keep_tape=True)
+
     @property
     def nbytes(self) -> int:
         return sum(layer.nbytes for layer in self.layers) if self.layers is not None else 0

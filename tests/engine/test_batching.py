@@ -125,6 +125,66 @@ def test_batched_greedy_equals_alone(engine: Any, offsets: tuple[int, ...]) -> N
     assert batcher.rows.size == 0 and batcher.rows.layers is None
 
 
+@pytest.mark.parametrize("offsets", [(0, 0, 0), (0, 2, 9)])
+def test_batched_spec_equals_alone(engine: Any, offsets: tuple[int, ...]) -> None:
+    """Every row in spec mode: one batched verify per step, each row keeping its own accepted
+    prefix (K/V rolled per row, GatedDeltaNet state per row); outputs as alone."""
+    batcher = EngineBatcher(engine)
+    reqs = [
+        GenerationRequest(p, 30 + 9 * i, mode="spec", ignore_eos=True, block_size=4 + 4 * i)
+        for i, p in enumerate(prompts(engine, len(offsets)))
+    ]
+    arrivals: dict[int, list[tuple[Hashable, GenerationRequest]]] = {}
+    for i, (off, req) in enumerate(zip(offsets, reqs)):
+        arrivals.setdefault(off, []).append((i, req))
+    run = drive(batcher, arrivals)
+    assert not run.errors
+    for i, req in enumerate(reqs):
+        tokens, text, _ = alone(engine, req)
+        assert run.tokens[i] == tokens, i
+        assert run.text[i] == text
+    batched = [c for i in range(len(reqs)) for c in run.finish[i].stats.cycles if c.rows > 1]
+    assert sum(c.mode == "spec" for c in batched) > len(batched) // 2
+
+
+def oracle(reference: list[int], prompt_len: int, wrong_at: int) -> Any:
+    """A proposer that drafts the request's own greedy output (known from running it alone),
+    wrong at the `wrong_at`-th draft position of every other cycle: rows accept different
+    lengths, so the batch keeps a different prefix per row."""
+    import mlx.core as mx
+
+    def propose(session: Any, block: int) -> Any:
+        done = len(session.tokens) - prompt_len
+        ids = [reference[min(done + k, len(reference) - 1)] for k in range(block - 1)]
+        if session.cycles % 2 and wrong_at < len(ids):
+            ids[wrong_at] = (ids[wrong_at] + 1) % session.target.vocab_size
+        logits = mx.full((1, block - 1, session.target.vocab_size), -10.0)
+        return logits.at[0, mx.arange(block - 1), mx.array(ids)].add(20.0)
+
+    return propose
+
+
+def test_batched_spec_keeps_each_rows_accepted_prefix(engine: Any) -> None:
+    batcher = EngineBatcher(engine)
+    reqs = [
+        GenerationRequest(p, 40, mode="spec", ignore_eos=True, block_size=8)
+        for p in prompts(engine, 3)
+    ]
+    refs = [alone(engine, r)[0] for r in reqs]
+    for i, req in enumerate(reqs):
+        batcher.add(i, req)
+        session = batcher.prefilling[-1].lane.session
+        session.proposer = oracle(refs[i], len(req.prompt_tokens), 1 + 2 * i)
+    run = Run()
+    while batcher.size:
+        run.take(batcher.step())
+    for i in range(3):
+        assert run.tokens[i] == refs[i], i
+    cycles = [c for i in range(3) for c in run.finish[i].stats.cycles if c.rows > 1]
+    accepted = {c.accepted for c in cycles if c.mode == "spec"}
+    assert len(accepted) >= 3  # rows kept different prefixes in the same steps
+
+
 def test_cancel_one_sequence_mid_batch(engine: Any) -> None:
     batcher = EngineBatcher(engine)
     ps = prompts(engine, 3)

@@ -1,0 +1,57 @@
+"""Per-row rollback after a batched verify: every row fed the same number of tokens, each keeps
+its own accepted prefix.
+
+Attention rows (`BatchKVCache`) drop what no row keeps, then each row that keeps less is rolled
+right by the difference: the dropped tail wraps to the front and becomes left padding, which
+the batch mask hides (mlx-lm's own `prepare(right_padding)` / `finalize` move). GatedDeltaNet
+rows (`ArraysCache`) take, per row, the recurrent state after its last kept token and the
+convolution window ending there, from the forward's tape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, dynamic_roll
+
+from ..targets.base import ForwardResult
+
+
+def rollback_rows(layers: Sequence[Any], result: ForwardResult, keeps: Sequence[int]) -> None:
+    """Make row i of every batched layer cache hold only the first `keeps[i]` tokens of the
+    last forward `result` (run with keep_tape=True over all rows)."""
+    fed = result.tokens
+    most = max(keeps)
+    pad = mx.array([most - k for k in keeps])
+    for i, layer in enumerate(layers):
+        if isinstance(layer, BatchKVCache):
+            _rollback_attention(layer, fed - most, pad, most > min(keeps))
+        elif isinstance(layer, ArraysCache):
+            _rollback_recurrent(layer, result.tape[i], keeps, fed)
+        else:
+            raise TypeError(f"no per-row rollback for {type(layer).__name__}")
+
+
+def _rollback_attention(cache: BatchKVCache, drop: int, pad: mx.array, uneven: bool) -> None:
+    if drop > 0:
+        cache.trim(drop)
+    if not uneven:
+        return
+    keys, values, offset, left_padding, idx = cache.state
+    keys = dynamic_roll(keys[..., :idx, :], pad[:, None], axis=2)
+    values = dynamic_roll(values[..., :idx, :], pad[:, None], axis=2)
+    cache.state = (keys, values, offset - pad, left_padding + pad, idx)
+
+
+def _rollback_recurrent(cache: ArraysCache, tape: Any, keeps: Sequence[int], fed: int) -> None:
+    rows = mx.arange(len(keeps))
+    keep = mx.array(list(keeps))
+    # State after k kept tokens: the prior state for k = 0, else the state after step k - 1.
+    states = mx.stack([tape.prior, *tape.states], axis=1)
+    cache[1] = states[rows, keep]
+    conv_input = tape.conv_input  # [B, K-1+T, C]: the window before the forward, then its inputs
+    window = conv_input.shape[1] - fed
+    index = (keep[:, None] + mx.arange(window)[None])[:, :, None]
+    cache[0] = mx.take_along_axis(conv_input, index, axis=1)
