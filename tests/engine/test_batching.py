@@ -263,3 +263,32 @@ def test_memory_budget_admits_waits_and_refuses(engine: Any) -> None:
     while batcher.size:
         run.take(batcher.step())
     assert batcher.budget.used == 0 and batcher.admission(req) == "now"
+
+
+def test_prefix_cache_hit_inside_a_batch(engine: Any) -> None:
+    ps = prompts(engine, 2)
+    first = GenerationRequest(ps[0], 10, mode="ar", ignore_eos=True)
+    out = alone(engine, first)[0]  # publishes its prompt + output (all it fed)
+    turn = ps[0] + tuple(out[:-1])
+    cached = GenerationRequest(turn + (7, 8, 9), 20, mode="spec", ignore_eos=True)
+    other = GenerationRequest(ps[1] + (11,) * 30, 20, mode="ar", ignore_eos=True)
+    run = drive(EngineBatcher(engine), {0: [("cached", cached), ("other", other)]})
+    assert run.finish["cached"].stats.cached_tokens == len(turn)
+    assert run.tokens["cached"] == alone(engine, cached)[0]
+    assert run.tokens["other"] == alone(engine, other)[0]
+
+
+def test_constrained_beside_unconstrained(engine: Any) -> None:
+    from toolflash.engine.api import OutputConstraint
+
+    ps = prompts(engine, 3)
+    reqs = [
+        GenerationRequest(ps[0], 40, constraint=OutputConstraint("json"), mode="spec"),
+        GenerationRequest(ps[1], 40, mode="ar", ignore_eos=True),
+        GenerationRequest(ps[2], 40, constraint=OutputConstraint("json"), mode="ar"),
+    ]
+    run = drive(EngineBatcher(engine), {0: [(i, r) for i, r in enumerate(reqs)]})
+    assert not run.errors
+    for i, req in enumerate(reqs):
+        assert run.tokens[i] == alone(engine, req)[0], i
+    assert run.finish[0].stats.constraint is not None
