@@ -40,9 +40,11 @@ from toolflash.gateway.dialects.responses_protocol import (
     ResponseObject,
     ResponsesRequest,
     ResponseUsage,
+    function_tools,
 )
 from toolflash.gateway.dialects.responses_request import (
     check_responses_supported,
+    hosted_tools,
     responses_request,
 )
 from toolflash.gateway.errors import GatewayError
@@ -77,6 +79,7 @@ class _Item:
     call_id: str = ""
     name: str = ""
     call: int = -1  # the tool call's index
+    namespace: str | None = None  # the namespace tool the called function came from
 
     def out(self, status: Status) -> OutputItem:
         if self.kind == "reasoning":
@@ -96,14 +99,17 @@ class _Item:
             call_id=self.call_id,
             name=self.name,
             arguments=self.text if status != "in_progress" else "",
+            namespace=self.namespace,
             status=status,
         )
 
 
 @dataclass
 class ItemFold:
-    """Deltas -> output items: a new item whenever the kind changes or a call starts."""
+    """Deltas -> output items: a new item whenever the kind changes or a call starts;
+    `namespaces` maps a function offered inside a namespace tool to that namespace."""
 
+    namespaces: dict[str, str] = field(default_factory=dict)
     items: list[_Item] = field(default_factory=list)
 
     def add(self, d: Delta) -> tuple[_Item, bool]:
@@ -121,6 +127,7 @@ class ItemFold:
                 call_id,
                 d.name or "",
                 d.index,
+                self.namespaces.get(d.name or ""),
             )
         elif last is not None and last.kind == _kind(d):
             last.text += d.text
@@ -139,6 +146,10 @@ class ItemFold:
             it.out("incomplete" if cut and i == n - 1 else "completed")
             for i, it in enumerate(self.items)
         ]
+
+
+def fold_for(req: ResponsesRequest) -> ItemFold:
+    return ItemFold({t.name: ns for t, ns in function_tools(req.tools) if ns is not None})
 
 
 def _shown(d: Delta) -> bool:
@@ -226,7 +237,7 @@ class ResponsesStream:
         self.run = run
         self.wire = wire
         self.created = int(time.time())
-        self.fold = ItemFold()
+        self.fold = fold_for(wire)
         self.seq = 0
         self.open = False  # the last item is added and not done
 
@@ -359,13 +370,13 @@ class ResponsesDialect:
         check_responses_supported(req)
         model = ctx.resolve_model(req.model)
         check_max_tokens(req.max_output_tokens, ctx.engine().context_length, "max_output_tokens")
-        return Parsed(req, model, bool(req.stream), req.ignored_fields())
+        return Parsed(req, model, bool(req.stream), req.ignored_fields() + hosted_tools(req))
 
     def request(self, wire: ResponsesRequest) -> ApiRequest:
         return responses_request(wire)
 
     def response(self, run: RequestRun, parsed: Parsed, result: Collected) -> dict[str, Any]:
-        fold = ItemFold()
+        fold = fold_for(parsed.wire)
         for d in result.deltas:
             if _shown(d):
                 fold.add(d)

@@ -8,7 +8,7 @@ dropped silently.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import jsonschema
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -68,6 +68,7 @@ class FunctionCallItem(OpenAIBaseModel):
     call_id: str
     name: str
     arguments: str
+    namespace: str | None = None  # the namespace tool the function came from
     id: str | None = None
     status: str | None = None
 
@@ -146,9 +147,8 @@ def _check_items(value: Any) -> Any:
 
 
 class FunctionTool(OpenAIBaseModel):
-    """A function tool; hosted tools (web_search, file_search, computer, mcp, ...) are refused.
-    `strict` is true when left out, as the Responses API defines it: the call's arguments are
-    then decoded under the tool's schema."""
+    """A function tool. `strict` is true when left out, as the Responses API defines it: the
+    call's arguments are then decoded under the tool's schema."""
 
     type: Literal["function"]
     name: str = Field(pattern=r"^[A-Za-z0-9_.:\-]{1,128}$")
@@ -171,16 +171,65 @@ class FunctionTool(OpenAIBaseModel):
         return schema
 
 
+class NamespaceTool(OpenAIBaseModel):
+    """A named group of function tools (Codex sends its sub-agent tools so): each is offered
+    to the model as a function, and its calls come back with `namespace` set."""
+
+    type: Literal["namespace"]
+    name: str
+    description: str | None = None
+    tools: list[FunctionTool]
+
+
+# Tools that OpenAI's servers run, never the client: they cannot run here, so they are not
+# offered to the model (and are listed in `toolflash.ignored_fields`); a client loses nothing
+# it would have executed itself. Client-run tools other than functions are refused.
+HostedKind = Literal[
+    "web_search",
+    "web_search_preview",
+    "web_search_2025_08_26",
+    "web_search_preview_2025_03_11",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "computer_use_preview",
+    "computer",
+    "mcp",
+]
+HOSTED_TOOLS: tuple[str, ...] = get_args(HostedKind)
+
+
+class HostedTool(OpenAIBaseModel):
+    type: HostedKind
+
+    def ignored_fields(self, prefix: str = "") -> list[str]:
+        return []  # the whole tool is listed instead (`hosted_tools`)
+
+
+ToolParam = Annotated[FunctionTool | NamespaceTool | HostedTool, Field(discriminator="type")]
+
+
 def _check_tools(value: Any) -> Any:
     if isinstance(value, list):
         for i, tool in enumerate(value):
             kind = tool.get("type") if isinstance(tool, dict) else None
-            if isinstance(kind, str) and kind != "function":
+            if isinstance(kind, str) and kind not in ("function", "namespace", *HOSTED_TOOLS):
                 raise ValueError(
-                    f"tools[{i}]: tool type '{kind}' is not supported (hosted and custom tools "
-                    "do not run here); declare function tools"
+                    f"tools[{i}]: tool type '{kind}' is not supported (client tools must be "
+                    "function tools, or namespaces of them)"
                 )
     return value
+
+
+def function_tools(tools: list[Any] | None) -> list[tuple[FunctionTool, str | None]]:
+    """The functions offered, each with the namespace it came from (None: top level)."""
+    out: list[tuple[FunctionTool, str | None]] = []
+    for t in tools or []:
+        if isinstance(t, FunctionTool):
+            out.append((t, None))
+        elif isinstance(t, NamespaceTool):
+            out += [(f, t.name) for f in t.tools]
+    return out
 
 
 class NamedFunctionChoice(OpenAIBaseModel):
@@ -246,7 +295,7 @@ class ResponsesRequest(OpenAIBaseModel):
     input: str | Annotated[list[InputItem], Field(min_length=1)]
     model: str | None = None
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[ToolParam] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
@@ -273,7 +322,7 @@ class ResponsesRequest(OpenAIBaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ResponsesRequest:
-        names = [t.name for t in self.tools or []]
+        names = [t.name for t, _ in function_tools(self.tools)]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"tool names must be unique; repeated: {', '.join(dupes)}")
@@ -307,6 +356,7 @@ class OutputFunctionCall(BaseModel):
     name: str
     arguments: str
     status: Literal["in_progress", "completed", "incomplete"]
+    namespace: str | None = None
 
 
 class OutputReasoningText(BaseModel):

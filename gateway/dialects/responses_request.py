@@ -18,11 +18,13 @@ from toolflash.gateway.dialects.openai_request import template_call
 from toolflash.gateway.dialects.responses_protocol import (
     FunctionCallItem,
     FunctionCallOutputItem,
+    HostedTool,
     MessageItem,
     NamedFunctionChoice,
     ReasoningItem,
     ResponsesRequest,
     TextFormat,
+    function_tools,
 )
 from toolflash.gateway.errors import BadRequest, NotImplementedYet
 from toolflash.gateway.request import (
@@ -36,6 +38,14 @@ from toolflash.gateway.request import (
 
 # `include` values that need nothing more than what every response has.
 _INCLUDES = frozenset({"reasoning.encrypted_content"})
+
+
+def hosted_tools(req: ResponsesRequest) -> list[str]:
+    """The hosted tools the request lists (not offered to the model: they cannot run here), as
+    `toolflash.ignored_fields` names them."""
+    return [
+        f"tools[{i}] ({t.type})" for i, t in enumerate(req.tools or []) if isinstance(t, HostedTool)
+    ]
 
 
 def check_responses_supported(req: ResponsesRequest) -> None:
@@ -214,7 +224,7 @@ def conversation(req: ResponsesRequest) -> Conversation:
                     ),
                 },
             )
-            for t in req.tools or []
+            for t, _ in function_tools(req.tools)
         ),
         tool_choice=_tool_choice(req.tool_choice),
         parallel_tool_calls=req.parallel_tool_calls is not False,

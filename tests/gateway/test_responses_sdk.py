@@ -218,6 +218,39 @@ def test_tool_choice_maps_to_the_constraint(served: Served) -> None:
     assert c is not None and not c.require_call and c.tools[0].strict
 
 
+def test_namespace_tools_and_hosted_tools(served: Served) -> None:
+    """Codex's shape: functions grouped in a namespace tool, and a hosted web_search it cannot
+    run here (not offered, listed as ignored)."""
+    agents = {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "sub-agents",
+        "tools": [{**RUN, "name": "close_agent"}],
+    }
+    tools = [READ, agents, {"type": "web_search", "external_web_access": False}]
+    r = create(served, "SCRIPT:" + hermes_call("close_agent", {"cmd": "x"}), tools=tools)
+    (fc,) = r.output
+    assert fc.type == "function_call" and fc.name == "close_agent"
+    assert fc.namespace == "multi_agent_v1"
+    offered = served.engine.last_chat[1]  # type: ignore[index]
+    assert [t["function"]["name"] for t in offered] == ["read_file", "close_agent"]
+    assert "tools[2] (web_search)" in r.model_extra["toolflash"]["ignored_fields"]  # type: ignore[index]
+    final, _ = streamed(served, "SCRIPT:" + hermes_call("close_agent", {"cmd": "x"}), tools=tools)
+    assert items(final) == items(r)
+    # The call goes back with its namespace; the template reads the plain call.
+    back = create(
+        served,
+        [
+            {"role": "user", "content": "close it"},
+            fc.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": fc.call_id, "output": "closed"},
+        ],
+        tools=tools,
+    )
+    assert back.output_text == "Tool said: closed"
+    assert back.model_extra["toolflash"]["ignored_fields"] == ["tools[2] (web_search)"]  # type: ignore[index]
+
+
 def test_parallel_calls_stop_after_the_first_when_disabled(served: Served) -> None:
     two = hermes_call("run", {"cmd": "a"}) + hermes_call("run", {"cmd": "b"})
     both = create(served, "SCRIPT:" + two, tools=[RUN])
@@ -316,7 +349,7 @@ def _error(exc: openai.APIStatusError) -> dict[str, Any]:
             None,
             "input_image",
         ),
-        ({"input": "x", "tools": [{"type": "web_search"}]}, 400, "tools", "web_search"),
+        ({"input": "x", "tools": [{"type": "custom", "name": "patch"}]}, 400, "tools", "custom"),
         (
             {"input": "x", "tools": [READ], "tool_choice": {"type": "function", "name": "nope"}},
             400,
