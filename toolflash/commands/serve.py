@@ -189,8 +189,8 @@ def startup_plan(settings: ServeSettings, gateway: GatewayConfig, policy: Any) -
         plan["decoding"] = f"{gateway.mode} on every request (--policy off)"
     else:
         plan["decoding"] = (
-            "adaptive policy: spec or AR and the block size chosen per request class and span "
-            "from measurements"
+            "adaptive policy: the arm (spec, AR, or lookup where the policy files allow it) "
+            "and block size chosen per request class and span from measurements"
         )
         plan["policy_state"] = str(policy_state_file(policy, plan["model"]))
         plan["calibrate"] = "on first serve" if settings.calibrate else "off (--no-calibrate)"
