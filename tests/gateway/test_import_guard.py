@@ -12,6 +12,10 @@ MODULES = [
     "toolflash.gateway.tool_parsers",
     "toolflash.gateway.errors",
     "toolflash.gateway.app",
+    "toolflash.gateway.request",
+    "toolflash.gateway.handler",
+    "toolflash.gateway.dialects.anthropic_protocol",
+    "toolflash.gateway.dialects.anthropic",
     "toolflash.policy.request_class",
     "toolflash.commands.serve",
 ]
