@@ -132,7 +132,9 @@ class EngineBatcher:
 
     def _prefill(self, entry: _Entry) -> list[tuple[Hashable, Outcome]]:
         try:
-            events = entry.lane.prefill_step()
+            # Alone once prefilled (nothing else running or waiting): prepare its first step.
+            alone = not self.running and len(self.prefilling) == 1
+            events = entry.lane.prefill_step(prepare=alone)
         except Exception as exc:
             return self._fail([entry], exc)
         if entry.lane.done:

@@ -116,11 +116,15 @@ class Lane:
         # session's own (called before the end publishes the state).
         self.reclaim: Callable[[], list[Any]] | None = None
         self._asked = 0  # the block asked for by the last `propose`
+        self._prepare_first = False
 
     # -- prefill -----------------------------------------------------------------------
-    def prefill_step(self) -> list[EngineEvent]:
+    def prefill_step(self, prepare: bool = False) -> list[EngineEvent]:
         """Feed the next prompt chunk; after the last one, commit the first token and return
-        its event (and the finish, when that token ends the generation)."""
+        its event (and the finish, when that token ends the generation). With `prepare` (the
+        lane will decode alone), the first step's device work starts before the event goes
+        out, as in the engine's loop."""
+        self._prepare_first = prepare
         session = self.session
         if self._pos >= len(self.prompt):  # the prefix cache held all of it
             return self._first()
@@ -165,6 +169,9 @@ class Lane:
         self._deferred = []
         if finished or self.text.stopped:
             events.extend(self._end(None))
+        elif self._prepare_first:
+            block = min(_block(self.schedule, self.block_size), self.matcher.remaining)
+            session.prepare(self.next_mode(), block)
         return events
 
     # -- decode ------------------------------------------------------------------------
@@ -202,8 +209,11 @@ class Lane:
         return self._after(step, solo=True, prepare=prepare)
 
     def leave_solo(self) -> None:
-        """Undo a queued AR forward before the session's cache joins a batch."""
+        """Undo what a solo step queued ahead before the session's cache joins a batch: an AR
+        forward (`drain`) and a draft started early (made for a state the batch moves on from;
+        the session keeps no public way to drop it)."""
         self.session.drain()
+        self.session._prepared = None
 
     def choice(self, logits: mx.array) -> mx.array | int:
         """The next token from this row's logits [V]: left on the device where the chooser
