@@ -256,8 +256,9 @@ class TextFormat(OpenAIBaseModel):
 
 
 class TextConfig(OpenAIBaseModel):
+    """`format` only; `verbosity` (a hint to OpenAI's models) is listed as ignored."""
+
     format: TextFormat | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None
 
 
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]

@@ -268,13 +268,14 @@ def test_json_schema_output(served: Served) -> None:
         "additionalProperties": False,
     }
     fmt = {"type": "json_schema", "name": "place", "schema": schema, "strict": True}
-    r = create(served, 'SCRIPT:{"city": "Oslo"}', text={"format": fmt})
+    r = create(served, 'SCRIPT:{"city": "Oslo"}', text={"format": fmt, "verbosity": "low"})
     c = served.engine.last_request.constraint  # type: ignore[union-attr]
     assert c is not None and c.kind == "json" and c.schema == schema and c.strict
     assert json.loads(r.output_text) == {"city": "Oslo"}
     assert r.text is not None and r.text.format is not None and r.text.format.type == "json_schema"
     tf = r.model_extra["toolflash"]  # type: ignore[index]
     assert tf["structured_output"] == {"valid": True, "error": None}
+    assert tf["ignored_fields"] == ["text.verbosity"]
     assert tf["request_class"].startswith("json")
     final, _ = streamed(served, 'SCRIPT:{"city": "Oslo"}', text={"format": fmt})
     assert items(final) == items(r)
