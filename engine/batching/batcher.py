@@ -106,13 +106,6 @@ class EngineBatcher:
         self.prefilling.append(_Entry(key, Lane(self.engine, request, cancel, controller)))
         self.budget.reserve(key, self._tokens(request))
 
-    def cancel(self, key: Hashable) -> list[EngineEvent]:
-        """End `key`'s generation now (its FinishEvent says cancelled); [] if unknown."""
-        for entry in self.prefilling + self.running:
-            if entry.key == key:
-                return self._retire([entry], lambda e: e.lane.abort())[0][1]  # type: ignore[return-value]
-        return []
-
     def step(self) -> list[tuple[Hashable, Outcome]]:
         """One scheduler step; each key's events (a list ending in a FinishEvent when that
         generation ended, or the exception that ended it)."""
