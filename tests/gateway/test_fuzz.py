@@ -285,7 +285,7 @@ def send(client: TestClient, path: str, body: dict[str, Any]) -> None:
     for streamed in (False, True):
         raw = json.dumps({**body, "stream": streamed}, allow_nan=True).encode()
         r = client.post(path, content=raw, headers={"content-type": "application/json"})
-        check(r, streamed=streamed, kind="property")
+        check(r, streamed=streamed, kind="property", anthropic=path.startswith("/v1/messages"))
 
 
 @fuzz(CHAT_EXAMPLES)
@@ -298,6 +298,74 @@ def test_chat_bodies(client: TestClient, body: dict[str, Any]) -> None:
 @given(body=COMPLETION)
 def test_completion_bodies(client: TestClient, body: dict[str, Any]) -> None:
     send(client, "/v1/completions", body)
+
+
+BLOCK = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}),
+    st.fixed_dictionaries({"type": st.just("tool_use"), "id": TEXT, "name": TEXT, "input": JSON}),
+    st.fixed_dictionaries(
+        {"type": st.just("tool_result"), "tool_use_id": TEXT},
+        optional={
+            "content": TEXT
+            | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}), max_size=2)
+            | JSON,
+            "is_error": st.booleans() | SCALAR,
+        },
+    ),
+    st.fixed_dictionaries({"type": st.just("thinking"), "thinking": TEXT}),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["image", "document", "redacted_thinking"]) | TEXT}
+    ),
+)
+ANTHROPIC_MESSAGE = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["user", "assistant", "system"]) | TEXT,
+        "content": TEXT | st.lists(BLOCK, max_size=3) | JSON,
+    }
+)
+MESSAGES = st.fixed_dictionaries(
+    {"messages": st.lists(ANTHROPIC_MESSAGE, min_size=0, max_size=3), "max_tokens": NUMBER},
+    optional={
+        "model": st.just("fake-model") | TEXT,
+        "system": TEXT
+        | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}), max_size=2)
+        | JSON,
+        "temperature": NUMBER,
+        "top_p": NUMBER,
+        "top_k": NUMBER,
+        "stop_sequences": st.lists(TEXT, max_size=3) | JSON,
+        "metadata": st.fixed_dictionaries({"user_id": TEXT | SCALAR}) | JSON,
+        "tools": st.lists(
+            st.fixed_dictionaries(
+                {"name": st.sampled_from(["f", "read_file"]) | TEXT, "input_schema": SCHEMAS},
+                optional={
+                    "type": st.sampled_from(["custom", "bash_20250124"]) | TEXT,
+                    "strict": st.booleans(),
+                },
+            ),
+            max_size=2,
+        ),
+        "tool_choice": st.fixed_dictionaries(
+            {"type": st.sampled_from(["auto", "any", "tool", "none"]) | TEXT},
+            optional={"name": TEXT, "disable_parallel_tool_use": st.booleans() | SCALAR},
+        ),
+        "thinking": st.fixed_dictionaries(
+            {"type": st.sampled_from(["enabled", "disabled", "adaptive"]) | TEXT},
+            optional={"budget_tokens": NUMBER},
+        ),
+        "output_config": st.fixed_dictionaries(
+            {"format": st.fixed_dictionaries({"type": st.just("json_schema"), "schema": SCHEMAS})}
+        )
+        | JSON,
+    },
+)
+
+
+@fuzz(CHAT_EXAMPLES)
+@given(body=MESSAGES, path=st.sampled_from(["/v1/messages", "/v1/messages/count_tokens"]))
+def test_messages_bodies(client: TestClient, body: dict[str, Any], path: str) -> None:
+    """Anthropic bodies: never a 5xx, errors in Anthropic's shape, streams end with message_stop."""
+    send(client, path, body)
 
 
 RAW = st.one_of(
@@ -319,8 +387,11 @@ RAW = st.one_of(
 
 
 @fuzz(RAW_EXAMPLES)
-@given(raw=RAW, path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
+@given(
+    raw=RAW,
+    path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/messages"]),
+)
 def test_raw_bodies(client: TestClient, raw: str | bytes, path: str) -> None:
     content = raw.encode() if isinstance(raw, str) else raw
     r = client.post(path, content=content, headers={"content-type": "application/json"})
-    check(r, streamed=False, kind="property")
+    check(r, streamed=False, kind="property", anthropic=path == "/v1/messages")
