@@ -206,6 +206,59 @@ def test_forced_tool_call_non_stream_and_stream(tiny: Served, choice: Any) -> No
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+@pytest.mark.parametrize(
+    "choice",
+    [{"type": "any"}, {"type": "tool", "name": "get_weather"}],
+    ids=["any", "tool"],
+)
+def test_forced_tool_use_on_the_messages_route(tiny: Served, choice: dict[str, Any]) -> None:
+    """The Anthropic route forces the same grammar-constrained call as chat completions: a
+    tool_use block whose input validates, stop_reason tool_use, streamed equal to not, and the
+    same call the chat route makes for the same conversation."""
+    anthropic = pytest.importorskip("anthropic")
+    c = anthropic.Anthropic(base_url=tiny.url, api_key="none", max_retries=0, timeout=60)
+    tools = [
+        {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+        for t in (SEARCH, WEATHER)
+    ]
+    kw: dict[str, Any] = {
+        "model": _model(tiny),
+        "max_tokens": 200,
+        "messages": [{"role": "user", "content": "Find where the retry logic is implemented."}],
+        "tools": tools,
+        "tool_choice": {**choice, "disable_parallel_tool_use": True},
+        "thinking": {"type": "disabled"},
+    }
+    m = c.messages.create(**kw)
+    assert m.stop_reason == "tool_use"
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert len(uses) == 1
+    if choice["type"] == "tool":
+        assert uses[0].name == "get_weather"
+    schemas = {t["name"]: t["input_schema"] for t in tools}
+    jsonschema.validate(uses[0].input, schemas[uses[0].name])
+    with c.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [
+        (uses[0].name, uses[0].input)
+    ]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    chat = tiny.client().chat.completions.create(
+        model=_model(tiny),
+        max_tokens=200,
+        messages=kw["messages"],
+        tools=[SEARCH, WEATHER],
+        tool_choice=named if choice["type"] == "tool" else "required",
+        parallel_tool_calls=False,
+        extra_body=NO_THINK,
+    )
+    call = chat.choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        uses[0].name,
+        uses[0].input,
+    )
+
+
 def test_strict_tool_with_auto_is_its_own_class(tiny: Served) -> None:
     strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
     r = tiny.client().chat.completions.create(
