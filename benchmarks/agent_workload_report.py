@@ -122,8 +122,9 @@ def verdict(cells: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
 
 
 def measure(rows: Sequence[Mapping[str, Any]], time_key: str, statistic: str) -> dict[str, Any]:
+    per_class = aggregate(rows, "class", statistic, time_key)
     groups = {
-        **aggregate(rows, "class", statistic, time_key),
+        **{c: per_class[c] for c in sorted(per_class)},
         "overall": aggregate(rows, None, statistic, time_key)["overall"],
     }
     out: dict[str, Any] = {
