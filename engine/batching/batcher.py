@@ -112,8 +112,6 @@ class EngineBatcher:
         out: list[tuple[Hashable, Outcome]] = []
         gone = [e for e in self.prefilling + self.running if e.lane.cancelled]
         out.extend(self._retire(gone, lambda e: e.lane.abort()))
-        if self.prefilling:
-            out.extend(self._prefill(self.prefilling[0]))
         for entry in [e for e in self.running if e.lane.solo_only]:
             out.extend(self._solo(entry))
         batchable = [e for e in self.running if not e.lane.solo_only]
@@ -121,6 +119,10 @@ class EngineBatcher:
             out.extend(self._solo(batchable[0]))
         elif batchable:
             out.extend(self._batched())
+        # The chunk after the decode step: a request's first token goes out the step its
+        # prefill ends, not after a decode step it could have waited for.
+        if self.prefilling:
+            out.extend(self._prefill(self.prefilling[0]))
         return out
 
     def _prefill(self, entry: _Entry) -> list[tuple[Hashable, Outcome]]:
