@@ -19,6 +19,8 @@ Lineage = Literal["dense", "sparse"]
 # by how close a chunk's mean input embedding is to the last turn's.
 ScorerName = Literal["recent", "structural", "similarity"]
 SCORERS: tuple[ScorerName, ...] = ("recent", "structural", "similarity")
+# Below this many prompt tokens left to compute (after the prefix cache) a prefill stays dense.
+SPARSE_MIN_TOKENS = 4096
 
 
 class SparseLineageError(RuntimeError):
@@ -36,7 +38,7 @@ class SparsePrefill:
     left to compute after the prefix cache; shorter prompts prefill dense."""
 
     keep: float
-    min_tokens: int = 4096
+    min_tokens: int = SPARSE_MIN_TOKENS
     chunk: int = 64
     scorer: ScorerName = "structural"
 

@@ -36,7 +36,7 @@ from toolflash.gateway.errors import (
 )
 from toolflash.gateway.metrics import GatewayMetrics, StatsCollector
 from toolflash.gateway.openapi import openapi_document
-from toolflash.gateway.prepare import ControllerFactory
+from toolflash.gateway.prepare import ControllerFactory, SparsePolicy
 from toolflash.gateway.protocol import ModelCard, ModelList
 from toolflash.gateway.serving import GatewayContext, gateway, render_pool
 from toolflash.gateway.status import LiveStatus
@@ -182,13 +182,16 @@ def create_app(
     *,
     on_load_failure: Callable[[BaseException], None] | None = None,
     controller_factory: ControllerFactory | None = None,
+    sparse_policy: SparsePolicy | None = None,
     policy_counters: Callable[[], dict[str, list[dict[str, Any]]]] | None = None,
     on_shutdown: Callable[[], None] | None = None,
 ) -> Starlette:
     """The gateway app. The engine is built by `engine_factory` on the worker thread when the
     app starts; until it is ready /health answers 503 and API routes 503 with Retry-After.
     `controller_factory(ControllerRequest)` gives each request its mode controller (the
-    adaptive policy); it runs on the engine thread, and its decisions are reported."""
+    adaptive policy); it runs on the engine thread, and its decisions are reported.
+    `sparse_policy(model_id, request_class)` gives a class's sparse-prefill keep ratio from the
+    policy files (None: the server's `sparse_prefill`)."""
     config = config or GatewayConfig()
 
     @contextlib.asynccontextmanager
@@ -206,6 +209,7 @@ def create_app(
             metrics=GatewayMetrics(lambda: worker.waiting, lambda: worker.running),
             status=LiveStatus(worker),
             controller_factory=controller_factory,
+            sparse_policy=sparse_policy,
             renderer=render_pool(config),
         )
         app.state.gateway = ctx

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolflash.engine.api import Mode
+from toolflash.engine.sparse import SPARSE_MIN_TOKENS
 
 MB = 1 << 20
 
@@ -134,4 +135,18 @@ class GatewayConfig(BaseModel):
         description="least time between two writes of a stream (ms): deltas that arrive"
         " meanwhile go out together, so a fast model is not slowed by a write per token; 0"
         " writes each at once",
+    )
+    sparse_prefill: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="opt-in positional sparse prefill of long prompts for every request: compute"
+        " about this share of the prompt's chunks (unset: off; a policy file's class setting or"
+        " the request's sparse_prefill field takes precedence; quality: SERVER.md)",
+    )
+    sparse_min_tokens: int = Field(
+        default=SPARSE_MIN_TOKENS,
+        ge=0,
+        description="a sparse prefill applies only when at least this many prompt tokens are left"
+        " to compute after the prefix cache",
     )

@@ -96,6 +96,14 @@ class Dialect(Protocol):
         ...
 
 
+def _parse(dialect: Dialect, raw: bytes, ctx: GatewayContext) -> tuple[GatewayContext, Parsed]:
+    """The body parsed by its dialect in the context of the model it names (an upstream
+    pool's, or the local engine's)."""
+    body = parse_json(raw, ctx.config.max_json_depth)
+    ctx = ctx.for_model(body.get("model"))
+    return ctx, dialect.parse(body, ctx)
+
+
 def _render(dialect: Dialect, parsed: Parsed, engine: Engine) -> tuple[ApiRequest, Prompt]:
     req = dialect.request(parsed.wire)
     return req, render_prompt(req, engine)
@@ -105,9 +113,7 @@ async def handle(request: Request, dialect: Dialect) -> Response:
     """Serve one API request of `dialect`."""
     ctx = gateway(request)
     raw = await read_body(request, ctx.config.max_body_bytes)
-    parsed = await ctx.offload(
-        lambda: dialect.parse(parse_json(raw, ctx.config.max_json_depth), ctx)
-    )
+    ctx, parsed = await ctx.offload(lambda: _parse(dialect, raw, ctx))
     engine = ctx.engine()
     run = RequestRun(
         ctx,
@@ -117,11 +123,22 @@ async def handle(request: Request, dialect: Dialect) -> Response:
         parsed.stream,
         parsed.ignored_fields,
     )
+    route = ctx.upstream
     try:
-        req, prompt = await ctx.offload(lambda: _render(dialect, parsed, engine))
+        if route is not None:  # the upstream renders and tokenizes
+            req = await ctx.offload(lambda: dialect.request(parsed.wire))
+        else:
+            req, prompt = await ctx.offload(lambda: _render(dialect, parsed, engine))
     except Exception as exc:
         raise run.fail(exc) from exc
-    job = run.submit(preparer(req, prompt, ctx.config, run.request_id, ctx.controller_factory))
+    if route is not None:
+        job = run.job = route.start(req, run.request_id, ctx.config)
+    else:
+        job = run.submit(
+            preparer(
+                req, prompt, ctx.config, run.request_id, ctx.controller_factory, ctx.sparse_policy
+            )
+        )
     watcher = asyncio.create_task(watch_disconnect(request, job))
     try:
         prepared = await run.wait_prepared()

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from toolflash.engine.api import ContextLengthError, Engine, GenerationRequest, ModeController
+from toolflash.engine.sparse import SparsePrefill
 from toolflash.gateway.config import GatewayConfig
 from toolflash.gateway.errors import BadRequest
 from toolflash.gateway.prompt import Prompt, render_prompt
@@ -29,6 +30,27 @@ class ControllerRequest:
 
 # The adaptive policy's hook: a ModeController per request, or None for the server default.
 ControllerFactory = Callable[[ControllerRequest], ModeController | None]
+# The policy files' sparse-prefill keep ratio for (model id, request class), None: not set.
+SparsePolicy = Callable[[str, RequestClass], float | None]
+
+
+def sparse_prefill(
+    requested: float | None,
+    klass: RequestClass,
+    engine: Engine,
+    config: GatewayConfig,
+    policy: SparsePolicy | None,
+) -> SparsePrefill | None:
+    """The request's sparse prefill: its own keep ratio, else its class's in the policy
+    files, else the server's; None (dense) when none is set or the ratio is 1."""
+    keep = requested
+    if keep is None and policy is not None:
+        keep = policy(engine.model_id, klass)
+    if keep is None:
+        keep = config.sparse_prefill
+    if keep is None or keep >= 1.0:
+        return None
+    return SparsePrefill(keep, config.sparse_min_tokens)
 
 
 def token_budget(
@@ -98,6 +120,7 @@ def preparer(
     config: GatewayConfig,
     request_id: str,
     controller_factory: ControllerFactory | None = None,
+    sparse_policy: SparsePolicy | None = None,
 ) -> Callable[[Engine], Prepared]:
     """The worker-side half of a request rendered already (on a render thread)."""
 
@@ -118,6 +141,7 @@ def preparer(
             request_id=request_id,
             publish_at=prompt.publish_at,
             constraint=prompt.constraint,
+            sparse_prefill=sparse_prefill(req.sparse_prefill, klass, engine, config, sparse_policy),
         )
         return Prepared(
             request,

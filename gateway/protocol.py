@@ -208,6 +208,8 @@ class ChatCompletionRequest(OpenAIBaseModel):
     # Sampling extras (the openai SDK sends them through extra_body); -1 or 0: top_k off.
     top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1)
     min_p: float | None = Field(default=None, ge=0, le=1)
+    # Opt-in positional sparse prefill: compute about this share of a long prompt (1: dense).
+    sparse_prefill: float | None = Field(default=None, gt=0, le=1)
     # --8<-- [end:chat-extras]
 
     _logit_bias = field_validator("logit_bias")(check_logit_bias)
@@ -251,6 +253,7 @@ class CompletionRequest(OpenAIBaseModel):
     # --8<-- [start:completion-extras]
     top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1)
     min_p: float | None = Field(default=None, ge=0, le=1)
+    sparse_prefill: float | None = Field(default=None, gt=0, le=1)
     # --8<-- [end:completion-extras]
 
     _logit_bias = field_validator("logit_bias")(check_logit_bias)
@@ -362,6 +365,10 @@ class ToolflashInfo(BaseModel):
     structured_output: StructuredOutputCheck | None = None
     # Grammar-constrained requests (response_format JSON, forced or strict tool calls).
     constraint: ConstraintInfo | None = None
+    # Whether the prefill ran sparse (some prompt chunks never computed) and how many prompt
+    # tokens it computed (the prefix cache's and the dropped ones not counted).
+    prefill_sparse: bool = False
+    prefill_computed_tokens: int = 0
 
 
 class ResponseToolCall(BaseModel):

@@ -108,6 +108,8 @@ def toolflash_info(r: RequestRecord) -> ToolflashInfo:
         if r.structured_output
         else None,
         constraint=_constraint(s),
+        prefill_sparse=s.sparse if s else False,
+        prefill_computed_tokens=s.computed_tokens if s else 0,
     )
 
 

@@ -119,6 +119,9 @@ class ApiRequest:
     # Tool calls go out only once they parsed whole (dialects whose tool-call blocks carry a
     # parsed object, not a string of arguments): a call cut short comes back as text.
     whole_tool_calls: bool = False
+    # Opt-in sparse prefill's keep ratio for this request (None: the class's or server's;
+    # 1.0: dense).
+    sparse_prefill: float | None = None
 
     @property
     def conversation(self) -> Conversation | None:

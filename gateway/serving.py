@@ -8,7 +8,7 @@ import json
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -18,8 +18,9 @@ from toolflash.gateway.config import GatewayConfig
 from toolflash.gateway.errors import BadRequest, ModelNotFound, NotReady, PayloadTooLarge
 from toolflash.gateway.limits import check_json_tree
 from toolflash.gateway.metrics import GatewayMetrics
-from toolflash.gateway.prepare import ControllerFactory
+from toolflash.gateway.prepare import ControllerFactory, SparsePolicy
 from toolflash.gateway.status import LiveStatus
+from toolflash.gateway.upstream_run import UpstreamPools, UpstreamRoute
 from toolflash.gateway.worker import EngineWorker, Job
 
 T = TypeVar("T")
@@ -35,9 +36,16 @@ class GatewayContext:
     status: LiveStatus
     # The adaptive policy: a mode controller per request (None: the engine runs request.mode).
     controller_factory: ControllerFactory | None = None
+    # The policy files' sparse-prefill keep ratio per request class (None: not consulted).
+    sparse_policy: SparsePolicy | None = None
     # Parses, validates, renders and tokenizes requests off the event loop and off the
     # engine thread (`offload`); built in the lifespan.
     renderer: ThreadPoolExecutor | None = None
+    # Models served by upstream pools (`--upstreams`), and whether a local engine serves too.
+    upstreams: UpstreamPools | None = None
+    local: bool = True
+    # Set on a request's own context when its model is an upstream pool's (`for_model`).
+    upstream: UpstreamRoute | None = None
 
     async def offload(self, fn: Callable[[], T]) -> T:
         """`fn()` on a render thread within `render_timeout_s`. Past it the client gets a 400
@@ -61,15 +69,40 @@ class GatewayContext:
                 code="prompt_too_slow",
             ) from None
 
+    def for_model(self, requested: Any) -> GatewayContext:
+        """The context a request for `requested` runs in: an upstream pool's model (or, with no
+        local engine, the first pool's for a request naming none) gets its pool's."""
+        if self.upstreams is None:
+            return self
+        routes = self.upstreams.routes
+        route = routes.get(requested) if isinstance(requested, str) else None
+        if route is None and requested is None and not self.local:
+            route = next(iter(routes.values()))
+        return self if route is None else replace(self, upstream=route)
+
     def engine(self) -> Engine:
+        if self.upstream is not None:
+            return self.upstream.engine
+        if not self.local:
+            raise ModelNotFound(
+                "this server has no local model; it serves: "
+                + ", ".join(self.upstreams.models if self.upstreams else ()),
+                param="model",
+            )
         engine = self.worker.engine
         if engine is None or self.worker.state != "ready":
             raise NotReady(f"the model is {self.worker.state}", headers={"Retry-After": "5"})
         return engine
 
     def model_names(self) -> list[str]:
-        engine = self.engine()
-        names = [engine.model_id, *self.config.served_model_names]
+        if self.upstream is not None:
+            return [self.upstream.pool.model]
+        names = []
+        if self.local:
+            engine = self.engine()
+            names = [engine.model_id, *self.config.served_model_names]
+        if self.upstreams is not None:
+            names += self.upstreams.models
         return list(dict.fromkeys(names))
 
     def resolve_model(self, requested: str | None) -> str:

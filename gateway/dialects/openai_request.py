@@ -158,6 +158,7 @@ def chat_request(req: ChatCompletionRequest) -> ApiRequest:
         sampling=sampling_fields(req),
         stop=stop_strings(req.stop),
         logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+        sparse_prefill=req.sparse_prefill,
     )
 
 
@@ -173,4 +174,5 @@ def completion_request(req: CompletionRequest) -> ApiRequest:
         sampling=sampling_fields(req),
         stop=stop_strings(req.stop),
         logprobs=req.logprobs,
+        sparse_prefill=req.sparse_prefill,
     )

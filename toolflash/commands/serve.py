@@ -237,6 +237,7 @@ def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
             if policy is not None
             else None
         ),
+        sparse_policy=policy.sparse_prefill if policy is not None else None,
         policy_counters=policy.counters if policy is not None else None,
         on_shutdown=policy.save if policy is not None else None,
     )
