@@ -18,11 +18,13 @@ request (`ar-again`) shows the noise floor.
 
     OPENBLAS_NUM_THREADS=1 LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \\
         flock /tmp/bench.lock nice -n -15 python benchmarks/agent_workload.py --rounds 8 \\
-        [--no-drafter] [--model DIR --draft DIR] [--out DIR] [--classes CLASS ...]
+        [--no-drafter] [--calibrate] [--model DIR --draft DIR] [--out DIR] [--classes CLASS ...]
 
 `--no-drafter` runs the target alone: mlx-lm, AR, lookup and the policy (AR vs lookup). The
 two-arm policy is the default policy with `lookup: false` (`policy_two_arm.yaml` beside the
-data), the three-arm policy the default. Requests whose AR decode takes under
+data), the three-arm policy the default; they start cold (nothing learned) or, with
+`--calibrate`, from a `toolflash calibrate` run (what a first serve of the pair starts from),
+and learn online over the rounds. Requests whose AR decode takes under
 `--short-ms` run `--short-repeats` times a round (a 30 ms request varies by ~20% here); the
 repeats run the policies on a throwaway copy of their state, so they learn from the same mix.
 
@@ -141,7 +143,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"no request of classes {args.classes} in the workload")
     strategies = strategies_for(engine.drafter is not None, args.control)
     root = Path(tempfile.mkdtemp(prefix="agent-workload-"))
-    policies = build_policies(strategies, args.policy or [], args.state_file, root)
+    seed = args.state_file
+    if args.calibrate:
+        seed = calibrated_state(engine, args.policy or [], root / "calibrated")
+    policies = build_policies(strategies, args.policy or [], seed, root)
     # Warm up every path (first calls compile and allocate); not measured, nothing learned.
     for s in strategies:
         generate(engine, workload[0], s, 16, None if s not in policies else _scratch(s, root))
@@ -188,9 +193,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "short_repeats": args.short_repeats,
         "short_ms": args.short_ms,
         "wall_s": round(wall, 1),
+        "policy_start": "calibrated" if args.calibrate else args.state_file or "cold",
         "policy_counters": {s: p.counters() for s, p in policies.items()},
     }
     return build_report(rows, header, strategies)
+
+
+def calibrated_state(engine: Any, extra: Sequence[str], where: Path) -> str:
+    """A policy state seeded by `toolflash calibrate` on this engine (what a first serve of
+    the pair starts from), measured now into `where`."""
+    from toolflash.calibrate import ensure_calibrated
+
+    state = where / "policy-state.json"
+    policy = AdaptivePolicy(PolicyConfig(list(extra)), state_file=str(state))
+    ensure_calibrated(engine, policy, force=True, progress=False)
+    return str(state)
 
 
 def _scratch(strategy: str, root: Path) -> AdaptivePolicy:
@@ -255,7 +272,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--classes", nargs="*", help="run only these classes (e.g. tools.think-off.tool-result)"
     )
     p.add_argument("--policy", nargs="*", help="extra policy YAML files (every policy variant)")
-    p.add_argument("--state-file", default=None, help="seed every policy with this state")
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--state-file", default=None, help="seed every policy with this state")
+    start.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="seed every policy with a calibration measured first (default: cold, nothing known)",
+    )
     p.add_argument("--out", default="benchmarks/results", help="folder for the JSON and PNG")
     p.add_argument(
         "--name", default=None, help="file stem (default: agent_workload_arms[_no_drafter])"
