@@ -40,6 +40,7 @@ from toolflash.gateway.prepare import ControllerFactory, SparsePolicy
 from toolflash.gateway.protocol import ModelCard, ModelList
 from toolflash.gateway.serving import GatewayContext, gateway, render_pool
 from toolflash.gateway.status import LiveStatus
+from toolflash.gateway.upstream_config import UpstreamsFile
 from toolflash.gateway.worker import EngineWorker
 
 log = structlog.get_logger("toolflash.gateway")
@@ -75,40 +76,42 @@ def api_route(handler: Handler, shape: ErrorShape | None = None) -> Handler:
     return wrapped
 
 
+def _card(ctx: GatewayContext, name: str) -> ModelCard:
+    engine = ctx.for_model(name).engine()  # an upstream pool's model has its pool's
+    return ModelCard(
+        id=name,
+        created=int(ctx.status.started_at),
+        context_length=engine.context_length,
+        draft=engine.draft_id,
+    )
+
+
 async def list_models(request: Request) -> Response:
     ctx = gateway(request)
-    engine = ctx.engine()
-    created = int(ctx.status.started_at)
-    cards = [
-        ModelCard(
-            id=name, created=created, context_length=engine.context_length, draft=engine.draft_id
-        )
-        for name in ctx.model_names()
-    ]
+    cards = [_card(ctx, name) for name in ctx.model_names()]
     return JSONResponse(ModelList(data=cards).model_dump(mode="json"))
 
 
 async def retrieve_model(request: Request) -> Response:
     ctx = gateway(request)
     name = request.path_params["model"]
-    engine = ctx.engine()
     if name not in ctx.model_names():
         ctx.resolve_model(name)  # raises the 404
-    card = ModelCard(
-        id=name,
-        created=int(ctx.status.started_at),
-        context_length=engine.context_length,
-        draft=engine.draft_id,
-    )
-    return JSONResponse(card.model_dump(mode="json"))
+    return JSONResponse(_card(ctx, name).model_dump(mode="json"))
 
 
 async def health(request: Request) -> Response:
-    worker = gateway(request).worker
-    body: dict[str, Any] = {"status": worker.state}
+    ctx = gateway(request)
+    worker = ctx.worker
+    body: dict[str, Any] = {"status": worker.state if ctx.local else "ready"}
     if worker.load_error is not None:
         body["error"] = str(worker.load_error)
-    return JSONResponse(body, status_code=200 if worker.state == "ready" else 503)
+    if ctx.upstreams is not None:
+        # A pool with no healthy replica is reported; the server stays up for the others.
+        body["upstreams"] = {m: r.healthy() for m, r in ctx.upstreams.routes.items()}
+        if not ctx.local and not any(body["upstreams"].values()):
+            body["status"] = "unavailable"
+    return JSONResponse(body, status_code=200 if body["status"] == "ready" else 503)
 
 
 async def metrics(request: Request) -> Response:
@@ -176,8 +179,12 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(to_gateway_error(exc), error_shape(request.url.path))
 
 
+def _no_engine() -> Engine:
+    raise RuntimeError("no local model: this server serves only its upstream pools")
+
+
 def create_app(
-    engine_factory: Callable[[], Engine],
+    engine_factory: Callable[[], Engine] | None,
     config: GatewayConfig | None = None,
     *,
     on_load_failure: Callable[[BaseException], None] | None = None,
@@ -185,19 +192,22 @@ def create_app(
     sparse_policy: SparsePolicy | None = None,
     policy_counters: Callable[[], dict[str, list[dict[str, Any]]]] | None = None,
     on_shutdown: Callable[[], None] | None = None,
+    upstreams: UpstreamsFile | None = None,
 ) -> Starlette:
     """The gateway app. The engine is built by `engine_factory` on the worker thread when the
     app starts; until it is ready /health answers 503 and API routes 503 with Retry-After.
     `controller_factory(ControllerRequest)` gives each request its mode controller (the
     adaptive policy); it runs on the engine thread, and its decisions are reported.
     `sparse_policy(model_id, request_class)` gives a class's sparse-prefill keep ratio from the
-    policy files (None: the server's `sparse_prefill`)."""
+    policy files (None: the server's `sparse_prefill`). `upstreams`: models served by pools of
+    OpenAI-compatible servers (`gateway/upstream_run.py`); with no `engine_factory` the server
+    serves only those."""
     config = config or GatewayConfig()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         worker = EngineWorker(
-            engine_factory,
+            engine_factory or _no_engine,
             max_queue=config.max_queue,
             max_batch=config.max_batch,
             memory_limit=config.batch_memory_bytes,
@@ -211,7 +221,14 @@ def create_app(
             controller_factory=controller_factory,
             sparse_policy=sparse_policy,
             renderer=render_pool(config),
+            local=engine_factory is not None,
         )
+        if upstreams is not None:
+            from toolflash.gateway.upstream_run import UpstreamPools
+
+            ctx.upstreams = UpstreamPools(upstreams)
+            ctx.upstreams.start()
+            ctx.metrics.add_collector(StatsCollector("upstream", labelled=ctx.upstreams.counters))
         app.state.gateway = ctx
 
         def cache_stats() -> dict[str, int]:
@@ -222,7 +239,8 @@ def create_app(
         if policy_counters is not None:
             ctx.metrics.add_collector(StatsCollector("policy", labelled=policy_counters))
         t0 = time.perf_counter()
-        worker.start()
+        if ctx.local:
+            worker.start()
         log.info(
             "gateway_starting",
             decoding="adaptive policy" if controller_factory is not None else config.mode,
@@ -232,7 +250,10 @@ def create_app(
         try:
             yield {"gateway": ctx}
         finally:
-            worker.stop()
+            if ctx.upstreams is not None:
+                await ctx.upstreams.close()
+            if ctx.local:
+                worker.stop()
             if ctx.renderer is not None:
                 ctx.renderer.shutdown(wait=False, cancel_futures=True)
             # After the worker: no generation publishes any more, so what the prefix cache

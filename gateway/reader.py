@@ -170,7 +170,8 @@ class EventReader:
             deltas: list[Delta] = []
             tokens = [e for e in events if isinstance(e, TokenEvent)]
             if tokens:
-                if any(e.token_ids for e in tokens) and self._on_token is not None:
+                # An upstream's events carry text and no token ids.
+                if any(e.token_ids or e.text for e in tokens) and self._on_token is not None:
                     self._on_token()
                 text = ""
                 for e in tokens:

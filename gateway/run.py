@@ -37,6 +37,8 @@ def decisions(prepared: Prepared, stats: GenerationStats | None) -> tuple[Decisi
             )
             for r in controller.records
         )
+    if prepared.upstream is not None:
+        return (Decision(cycle=0, mode="upstream", reason=f"routed to {prepared.upstream}"),)
     req = prepared.request
     out = [Decision(cycle=0, mode=req.mode, block_size=req.block_size, reason="server default")]
     cycles = stats.cycles if stats else ()
@@ -110,6 +112,8 @@ class RequestRun:
         s = self.stats
         if s is not None and s.modes:
             return "+".join(s.modes)
+        if self.prepared is not None and self.prepared.upstream is not None:
+            return "upstream"
         return self.prepared.request.mode if self.prepared else "none"
 
     def timings(self) -> Timings:

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.requests import Request
 
@@ -20,8 +20,10 @@ from toolflash.gateway.limits import check_json_tree
 from toolflash.gateway.metrics import GatewayMetrics
 from toolflash.gateway.prepare import ControllerFactory, SparsePolicy
 from toolflash.gateway.status import LiveStatus
-from toolflash.gateway.upstream_run import UpstreamPools, UpstreamRoute
 from toolflash.gateway.worker import EngineWorker, Job
+
+if TYPE_CHECKING:  # httpx is imported only where upstreams are configured
+    from toolflash.gateway.upstream_run import UpstreamPools, UpstreamRoute
 
 T = TypeVar("T")
 

@@ -45,6 +45,7 @@ class Prepared:
     max_tokens_clamped: bool = False
     decision_log: RecordedController | None = None  # the policy's controller, when there is one
     sampling_defaults: tuple[str, ...] = ()  # sampling fields taken from the model's defaults
+    upstream: str | None = None  # the upstream replica serving it (None: the local engine)
 
 
 class Job:

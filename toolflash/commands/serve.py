@@ -22,6 +22,7 @@ from toolflash.commands.settings_cli import (
     settings_yaml,
 )
 from toolflash.gateway.config import GatewayConfig
+from toolflash.gateway.upstream_config import load_upstreams
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -217,12 +218,14 @@ def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
         for server in holder:
             server.should_exit = True
 
-    policy = _policy(args)
-    structlog.get_logger("toolflash.serve").info(
-        "serve_starting", **startup_plan(settings, config, policy)
-    )
+    upstreams = load_upstreams(settings.upstreams) if settings.upstreams else None
+    policy = _policy(args) if settings.local_model else None
+    plan = startup_plan(settings, config, policy) if settings.local_model else {}
+    if upstreams is not None:
+        plan["upstreams"] = {p.model: list(p.urls) for p in upstreams.pools}
+    structlog.get_logger("toolflash.serve").info("serve_starting", **plan)
     app = create_app(
-        _engine_factory(args, policy),
+        _engine_factory(args, policy) if settings.local_model else None,
         config,
         on_load_failure=on_load_failure,
         controller_factory=(
@@ -240,6 +243,7 @@ def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
         sparse_policy=policy.sparse_prefill if policy is not None else None,
         policy_counters=policy.counters if policy is not None else None,
         on_shutdown=policy.save if policy is not None else None,
+        upstreams=upstreams,
     )
     server = uvicorn.Server(
         uvicorn.Config(
@@ -270,7 +274,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings, config = serve_settings(args), config_from_args(args)
         cache_config(args)
-    except SettingsError as exc:
+        if settings.upstreams:
+            load_upstreams(settings.upstreams)
+        elif not settings.local_model:
+            raise SettingsError("--no-local-model needs --upstreams")
+    except (SettingsError, ValueError) as exc:
         print(f"toolflash serve: {exc}", file=sys.stderr)
         return 2
     if not is_loopback(settings.host) and not config.api_key:

@@ -69,6 +69,17 @@ class ServeSettings(BaseModel):
         " colour only on a terminal)",
     )
     log_level: LogLevel = Field(default="info", description="least severe log level written")
+    upstreams: str | None = Field(
+        default=None,
+        description="YAML file of upstream pools: models served by OpenAI-compatible servers"
+        " (another toolflash, mlx-lm, vLLM, SGLang, llama.cpp) through this gateway, each pool's"
+        " keys declared in gateway/upstream_config.py (SERVER.md, Upstream pools)",
+    )
+    local_model: bool = Field(
+        default=True,
+        description="load a local model; --no-local-model serves only the --upstreams pools",
+        json_schema_extra={"flag": "no-local-model"},
+    )
 
 
 # Every `toolflash serve` setting, in the order `--help`, `--defaults` and SETTINGS.md list them.
