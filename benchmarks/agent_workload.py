@@ -68,7 +68,7 @@ TWO_ARM_FILE = DATA_DIR / "policy_two_arm.yaml"
 def strategies_for(has_drafter: bool, control: bool) -> tuple[str, ...]:
     """What runs: mlx-lm and the fixed modes the engine can run, then the policies."""
     if has_drafter:
-        out = (BASELINE, "ar", "spec", "lookup", "policy-2arm", "policy-3arm")
+        out: tuple[str, ...] = (BASELINE, "ar", "spec", "lookup", "policy-2arm", "policy-3arm")
     else:
         out = (BASELINE, "ar", "lookup", "policy")
     return out + ((CONTROL,) if control else ())
