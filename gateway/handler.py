@@ -157,7 +157,7 @@ async def handle(request: Request, dialect: Dialect) -> Response:
                 stream_response(run, dialect.encoder(run, parsed)),
                 media_type="text/event-stream",
                 headers={
-                    "x-toolflash-mode": prepared.request.mode,
+                    "x-toolflash-mode": run.mode_label,
                     "x-request-id": run.request_id,
                     "cache-control": "no-cache",
                 },

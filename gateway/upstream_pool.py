@@ -27,14 +27,14 @@ class Replica:
 
 def pick(replicas: Iterable[Replica], now: float, capacity: int, tried: set[str]) -> Replica | None:
     """The least-loaded available replica not tried yet for this request (fewest in flight,
-    then fewest recent failures, then the pool's order); None when none is."""
-    best: Replica | None = None
-    for r in replicas:
-        if r.url in tried or not r.available(now, capacity):
-            continue
-        if best is None or (r.in_flight, r.failures) < (best.in_flight, best.failures):
-            best = r
-    return best
+    then fewest recent failures, then the pool's order); None when none is. When no replica
+    passed its last health check, the others are tried anyway (a check may be stale: a server
+    still loading at the last one); open circuits and full replicas are never tried."""
+    left = [r for r in replicas if r.url not in tried]
+    healthy = [r for r in left if r.available(now, capacity)]
+    if not healthy and not any(r.healthy for r in left):
+        healthy = [r for r in left if now >= r.open_until and r.in_flight < capacity]
+    return min(healthy, key=lambda r: (r.in_flight, r.failures), default=None)
 
 
 def failed(replica: Replica, now: float, pool: UpstreamPool) -> None:
