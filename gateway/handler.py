@@ -125,8 +125,10 @@ async def handle(request: Request, dialect: Dialect) -> Response:
     )
     route = ctx.upstream
     try:
-        if route is not None:  # the upstream renders and tokenizes
-            req = await ctx.offload(lambda: dialect.request(parsed.wire))
+        if route is not None:
+            # The upstream renders and tokenizes; the neutral request is a plain conversion of
+            # the body parsed already, so no thread hop (its GIL handoff cost more).
+            req = dialect.request(parsed.wire)
         else:
             req, prompt = await ctx.offload(lambda: _render(dialect, parsed, engine))
     except Exception as exc:

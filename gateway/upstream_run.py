@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
-import httpx
+import httpcore
 import structlog
 
 from toolflash.engine.api import (
@@ -42,6 +42,11 @@ from toolflash.gateway.upstream_wire import ChunkText, chat_body, finish
 from toolflash.gateway.worker import Job, Prepared
 
 log = structlog.get_logger("toolflash.gateway.upstream")
+
+
+# What a broken or slow connection raises (httpx's client layers cost ~1 ms a request on
+# a loaded 2-core machine: the gateway talks to upstreams through httpcore's pool directly).
+TRANSPORT_ERRORS = (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError)
 
 
 class UpstreamUnavailable(GatewayError):
@@ -119,6 +124,18 @@ def upstream_preparer(req: ApiRequest, config: GatewayConfig, request_id: str) -
     return prepare
 
 
+async def _lines(stream: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """A byte stream's lines, each yielded as soon as its newline arrives."""
+    rest = b""
+    async for chunk in stream:
+        rest += chunk
+        *lines, rest = rest.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode()
+    if rest:
+        yield rest.decode()
+
+
 async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
     """The JSON objects of an SSE stream's `data:` lines, up to `[DONE]`."""
     async for line in lines:
@@ -145,13 +162,19 @@ def _error_text(obj: dict[str, Any]) -> str | None:
 class UpstreamRoute:
     """One pool: its replicas, its engine view and the requests it streams."""
 
-    def __init__(self, pool: UpstreamPool, client: httpx.AsyncClient) -> None:
+    def __init__(self, pool: UpstreamPool, client: httpcore.AsyncConnectionPool) -> None:
         self.pool = pool
         self.engine = UpstreamEngine(pool)
         self.replicas = [Replica(u) for u in pool.urls]
         self._client = client
         key = pool.api_key()
-        self._headers = {"authorization": f"Bearer {key}"} if key else {}
+        self._headers = [(b"content-type", b"application/json")]
+        if key:
+            self._headers.append((b"authorization", f"Bearer {key}".encode()))
+        idle, connect = pool.idle_timeout_s, pool.connect_timeout_s
+        self._timeouts = {
+            "timeout": {"connect": connect, "read": idle, "write": idle, "pool": idle}
+        }
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -216,6 +239,7 @@ class UpstreamRoute:
         replica.requests += 1
         first_at: float | None = None
         text = ChunkText()
+        data = json.dumps(body).encode()
         try:
             async with contextlib.AsyncExitStack() as stack:
                 try:
@@ -224,18 +248,20 @@ class UpstreamRoute:
                             self._client.stream(
                                 "POST",
                                 f"{replica.url}/chat/completions",
-                                json=body,
-                                headers=self._headers,
-                                timeout=httpx.Timeout(
-                                    pool.idle_timeout_s, connect=pool.connect_timeout_s
-                                ),
+                                # A length, not chunks: one write, no Nagle wait on the tail.
+                                headers=[
+                                    *self._headers,
+                                    (b"content-length", str(len(data)).encode()),
+                                ],
+                                content=data,
+                                extensions=self._timeouts,
                             )
                         )
-                        if response.status_code >= 400:
+                        if response.status >= 400:
                             await self._refused(response)
-                        chunks = _sse_data(response.aiter_lines())
+                        chunks = _sse_data(_lines(response.aiter_stream()))
                         first = await anext(chunks, None)
-                except (httpx.HTTPError, TimeoutError, UpstreamFailed) as exc:
+                except (*TRANSPORT_ERRORS, TimeoutError, UpstreamFailed) as exc:
                     failed(replica, time.monotonic(), pool)
                     raise _Retry(str(exc) or type(exc).__name__) from None
                 if first is None or (err := _error_text(first)) is not None:
@@ -254,7 +280,7 @@ class UpstreamRoute:
             else:
                 self._finish(job, "cancelled", text, started, first_at)
             raise
-        except (httpx.HTTPError, UpstreamFailed, TimeoutError) as exc:
+        except (*TRANSPORT_ERRORS, UpstreamFailed, TimeoutError) as exc:
             failed(replica, time.monotonic(), pool)
             log.warning("upstream_broke", id=job.id, upstream=replica.url, error=repr(exc))
             job.push(
@@ -271,16 +297,16 @@ class UpstreamRoute:
         finally:
             replica.in_flight -= 1
 
-    async def _refused(self, response: httpx.Response) -> None:
+    async def _refused(self, response: httpcore.Response) -> None:
         """A refused request: the upstream's 4xx goes to the client, 429 and 5xx retry."""
         raw = await response.aread()
         try:
             message = _error_text(json.loads(raw)) or raw.decode(errors="replace")
         except (json.JSONDecodeError, AttributeError):
             message = raw.decode(errors="replace")
-        if response.status_code == 429 or response.status_code >= 500:
-            raise UpstreamFailed(f"HTTP {response.status_code}: {message[:300]}")
-        raise UpstreamRejected(response.status_code, f"the upstream refused: {message[:1000]}")
+        if response.status == 429 or response.status >= 500:
+            raise UpstreamFailed(f"HTTP {response.status}: {message[:300]}")
+        raise UpstreamRejected(response.status, f"the upstream refused: {message[:1000]}")
 
     async def _relay(
         self,
@@ -330,13 +356,15 @@ class UpstreamRoute:
 
         async def one(replica: Replica) -> None:
             try:
-                response = await self._client.get(
+                t = self.pool.connect_timeout_s
+                response = await self._client.request(
+                    "GET",
                     health_url(replica.url, self.pool.health_path),
-                    headers=self._headers,
-                    timeout=self.pool.connect_timeout_s,
+                    headers=self._headers[1:],
+                    extensions={"timeout": {"connect": t, "read": t, "write": t, "pool": t}},
                 )
-                healthy = response.status_code == 200
-            except httpx.HTTPError:
+                healthy = response.status == 200
+            except TRANSPORT_ERRORS:
                 healthy = False
             if healthy != replica.healthy:
                 log.info("upstream_health", upstream=replica.url, healthy=healthy)
@@ -355,8 +383,8 @@ class UpstreamPools:
 
     def __init__(self, pools: UpstreamsFile) -> None:
         # One connection pool for all replicas; limits are the pools' capacities.
-        self._client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        self._client = httpcore.AsyncConnectionPool(
+            max_connections=None, max_keepalive_connections=64
         )
         self.routes = {p.model: UpstreamRoute(p, self._client) for p in pools.pools}
         self._health: asyncio.Task[None] | None = None

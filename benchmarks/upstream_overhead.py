@@ -1,0 +1,240 @@
+"""Upstream pools: what routing a request through the gateway adds over calling the upstream
+directly, measured side by side (direct and routed runs interleaved, same client, keep-alive).
+
+    flock /tmp/bench.lock nice -n -15 python benchmarks/upstream_overhead.py [--repeats 30]
+
+Two upstreams, each started here and stopped by PID: a canned OpenAI-compatible server that
+answers at once (its chunks cost nothing, so the difference is the gateway's own cost: per
+request and per streamed chunk), and `toolflash serve` with the embedded tiny model (a real
+stream: the routed stream's time against the direct one's, in %). The gateway is
+`toolflash serve --no-local-model --upstreams FILE`. Figures are medians of the per-pair
+differences; targets (issue #35): <= 2 ms per request, streaming per-token overhead <= 3%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+CANNED = textwrap.dedent(
+    """
+    import json, sys, time
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    def chunk(delta, finish=None, usage=None):
+        c = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        if usage:
+            c["usage"] = usage
+        return "data: " + json.dumps(c) + "\\n\\n"
+
+    async def completions(request):
+        body = await request.json()
+        n = int(body.get("max_tokens") or 16)
+        usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": n + 5}
+        if not body.get("stream"):
+            return JSONResponse({"id": "c", "object": "chat.completion", "created": 0,
+                "model": "m", "usage": usage, "choices": [{"index": 0, "finish_reason":
+                "length", "message": {"role": "assistant", "content": "tok " * n}}]})
+        async def events():
+            yield chunk({"role": "assistant", "content": ""})
+            for _ in range(n):
+                yield chunk({"content": "tok "})
+            yield chunk({}, "length", usage)
+            yield "data: [DONE]\\n\\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def health(request):
+        return JSONResponse({"status": "ok"})
+
+    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"]),
+                            Route("/health", health)])
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    """
+)
+NO_EOS = {"2": -100}  # the tiny model's EOS: every stream decodes max_tokens tokens
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(url)
+
+
+def timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, int]:
+    """Seconds to the whole answer (a stream read to [DONE]), and the content chunks read."""
+    t0 = time.perf_counter()
+    if not body.get("stream"):
+        r = client.post(url, json=body)
+        r.raise_for_status()
+        return time.perf_counter() - t0, 1
+    chunks = 0
+    with client.stream("POST", url, json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {") and '"content":"' in line.replace(" ", ""):
+                chunks += 1
+    return time.perf_counter() - t0, chunks
+
+
+def pairs(
+    client: httpx.Client, direct: str, routed: str, body: dict[str, Any], model: str, n: int
+) -> dict[str, Any]:
+    """n interleaved (direct, routed) runs of the same body; the medians and per-pair deltas."""
+    d_times, r_times, deltas, ratios = [], [], [], []
+    for i in range(n + 2):
+        d, _ = timed(client, f"{direct}/v1/chat/completions", body)
+        r, chunks = timed(client, f"{routed}/v1/chat/completions", {**body, "model": model})
+        if i < 2:  # warm-up: connections, first-request paths
+            continue
+        d_times.append(d)
+        r_times.append(r)
+        deltas.append(r - d)
+        ratios.append(r / d - 1)
+    return {
+        "direct_median_ms": round(1e3 * statistics.median(d_times), 3),
+        "routed_median_ms": round(1e3 * statistics.median(r_times), 3),
+        "overhead_median_ms": round(1e3 * statistics.median(deltas), 3),
+        "overhead_median_pct": round(100 * statistics.median(ratios), 2),
+        "routed_chunks": chunks,
+        "runs": n,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--stream-tokens", type=int, default=256)
+    p.add_argument("--json", default="benchmarks/results/upstream_overhead.json")
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="upstream-bench-"))
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(argv: list[str], name: str) -> subprocess.Popen[bytes]:
+        log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - the process owns it
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        procs.append(proc)
+        return proc
+
+    try:
+        canned_port, tiny_port, gw_port = free_port(), free_port(), free_port()
+        canned = f"http://127.0.0.1:{canned_port}"
+        tiny = f"http://127.0.0.1:{tiny_port}"
+        gateway = f"http://127.0.0.1:{gw_port}"
+        cp = start([sys.executable, "-c", CANNED, str(canned_port)], "canned")
+        tp = start(
+            ["toolflash", "serve", "--port", str(tiny_port), "--policy", "off", "--mode", "ar"]
+            + ["--no-calibrate", "--state-dir", str(tmp / "state"), "--log-level", "warning"],
+            "tiny",
+        )
+        pools = {
+            "pools": [
+                {"model": "canned", "upstream_model": "m", "urls": [f"{canned}/v1"]},
+                {
+                    "model": "tiny",
+                    "upstream_model": "toolflash-tiny-qwen35",
+                    "urls": [f"{tiny}/v1"],
+                },
+            ]
+        }
+        (tmp / "upstreams.yaml").write_text(json.dumps(pools))
+        gp = start(
+            ["toolflash", "serve", "--no-local-model", "--upstreams", str(tmp / "upstreams.yaml")]
+            + ["--port", str(gw_port), "--log-level", "warning"],
+            "gateway",
+        )
+        for url, proc in ((canned, cp), (tiny, tp), (gateway, gp)):
+            wait_healthy(url, proc)
+        msg = [{"role": "user", "content": "Count"}]
+        out: dict[str, Any] = {"repeats": args.repeats, "stream_tokens": args.stream_tokens}
+        with httpx.Client(timeout=120) as client:
+            n = args.repeats
+            out["canned_request"] = pairs(
+                client,
+                canned,
+                gateway,
+                {"model": "m", "messages": msg, "max_tokens": 1},
+                "canned",
+                n,
+            )
+            out["canned_stream"] = pairs(
+                client,
+                canned,
+                gateway,
+                {"model": "m", "messages": msg, "max_tokens": args.stream_tokens, "stream": True},
+                "canned",
+                n,
+            )
+            out["tiny_request"] = pairs(
+                client,
+                tiny,
+                gateway,
+                {"model": "toolflash-tiny-qwen35", "messages": msg, "max_tokens": 8},
+                "tiny",
+                n,
+            )
+            out["tiny_stream"] = pairs(
+                client,
+                tiny,
+                gateway,
+                {
+                    "model": "toolflash-tiny-qwen35",
+                    "messages": msg,
+                    "max_tokens": args.stream_tokens,
+                    "stream": True,
+                    "logit_bias": NO_EOS,
+                },
+                "tiny",
+                max(5, n // 3),
+            )
+        c = out["canned_stream"]
+        out["gateway_us_per_streamed_token"] = round(
+            1e3 * c["overhead_median_ms"] / args.stream_tokens, 2
+        )
+        out["load_1min"] = os.getloadavg()[0]
+        print(json.dumps(out, indent=2))
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
