@@ -5,6 +5,7 @@ started here and stopped by its PID."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -203,6 +204,27 @@ def test_routing_decisions_are_pure() -> None:
         == '<think>\nhm\n</think>\n\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
     )
     assert text.usage is not None and text.usage.prompt_tokens == 3
+
+
+def test_upstreams_file_is_checked_at_start(tmp_path: Path) -> None:
+    from toolflash.commands import serve
+    from toolflash.gateway.upstream_config import load_upstreams
+
+    path = tmp_path / "pools.yaml"
+    pool = {"model": "m", "urls": ["http://127.0.0.1:1/v1"], "api_key_env": "TF_TEST_UNSET_KEY"}
+    path.write_text(json.dumps({"pools": [pool]}))
+    with pytest.raises(ValueError, match="TF_TEST_UNSET_KEY is not set"):
+        load_upstreams(path)
+    path.write_text(json.dumps({"pools": [{**pool, "api_key_env": None}] * 2}))
+    with pytest.raises(ValueError, match="more than one pool: m"):
+        load_upstreams(path)
+    path.write_text("pools: [{model: m, urls: [ftp://x]}]")
+    with pytest.raises(ValueError, match="not an http"):
+        load_upstreams(path)
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    assert serve.run(parser.parse_args(["--upstreams", str(path), "--no-local-model"])) == 2
+    assert serve.run(parser.parse_args(["--no-local-model"])) == 2
 
 
 def test_pool_serves_through_the_gateway(servers: Servers) -> None:
