@@ -200,6 +200,13 @@ class UpstreamRoute:
         return job
 
     async def _run(self, job: Job, req: ApiRequest) -> None:
+        try:
+            await self._route(job, req)
+        except Exception as exc:  # a bug of ours: the client gets a 500, never a hung request
+            log.error("upstream_task_failed", id=job.id, error=repr(exc))
+            job.push("error", exc)
+
+    async def _route(self, job: Job, req: ApiRequest) -> None:
         job.started_at = time.perf_counter()
         try:
             prepared = job.prepare(self.engine)
