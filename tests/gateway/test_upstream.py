@@ -36,7 +36,11 @@ HANG = textwrap.dedent(
         if head.startswith(b"GET"):
             writer.write(b"HTTP/1.1 200 OK\\r\\ncontent-length: 2\\r\\nconnection: close\\r\\n\\r\\n{}")
             await writer.drain(); writer.close(); return
-        await asyncio.sleep(3600)  # a wedged engine: the completion never starts
+        if sys.argv[2] == "stall":  # headers and one chunk, then silence
+            writer.write(b"HTTP/1.1 200 OK\\r\\ncontent-type: text/event-stream\\r\\n\\r\\n")
+            writer.write(b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\\n\\n')
+            await writer.drain()
+        await asyncio.sleep(3600)  # a wedged engine: the completion never starts (or goes on)
     async def main():
         server = await asyncio.start_server(serve, "127.0.0.1", int(sys.argv[1]))
         await server.serve_forever()
@@ -121,8 +125,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
                 + ["--state-dir", str(tmp / name), "--log-level", "warning"],
                 port,
             )
-        port = free_port()
-        s.start("hang", [sys.executable, "-c", HANG, str(port)], port)
+        for name in ("hang", "stall"):
+            port = free_port()
+            s.start(name, [sys.executable, "-c", HANG, str(port), name], port)
         pools: list[dict[str, Any]] = [
             {
                 "model": "pool",
@@ -133,6 +138,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
                 "health_interval_s": 0.5,
             },
             {"model": "hang", "urls": [f"{s.urls['hang']}/v1"], "first_byte_timeout_s": 1.5},
+            {"model": "stall", "urls": [f"{s.urls['stall']}/v1"], "idle_timeout_s": 1.0},
             {
                 "model": "mixed",
                 "upstream_model": UPSTREAM_MODEL,
@@ -160,8 +166,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
             port,
         )
         for name in s.procs:
-            if name != "hang":
-                wait_healthy(s.urls[name], s.procs[name])
+            wait_healthy(s.urls[name], s.procs[name])
         yield s
     finally:
         s.stop_all()
@@ -334,6 +339,13 @@ def test_hanging_upstream_times_out_without_leaking(servers: Servers) -> None:
     assert r.status_code == 200, r.text
     assert servers.urls["up1"] in r.json()["toolflash"]["decisions"][0]["reason"]
     assert metric(gw, "in_flight", hang) == 0
+    # Silence mid-stream: the idle timeout ends it with an error event, and frees the slot.
+    body = {"model": "stall", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    with httpx.stream("POST", f"{gw}/v1/chat/completions", json=body, timeout=30) as s:
+        events = list(sse_data(s.iter_lines()))
+    assert events[1]["choices"][0]["delta"]["content"] == "a"
+    assert events[-2]["error"]["code"] == "upstream_error" and events[-1] == "[DONE]"
+    assert metric(gw, "in_flight", f"{servers.urls['stall']}/v1") == 0
 
 
 def test_upstream_killed_mid_stream(servers: Servers) -> None:
