@@ -66,8 +66,8 @@ def long_prompt(
     return ids[:system] + ids[system + cut :], system
 
 
-def mlx_lm_ttft(model: Any, ids: Sequence[int], system: int) -> tuple[float, int]:
-    """mlx-lm's time to first token (and the token); `system` > 0: that prefix is in its prompt
+def mlx_lm_ttft(model: Any, ids: Sequence[int], system: int) -> tuple[float, float, int]:
+    """mlx-lm's time to first token, the process CPU time it took, and the token; `system` > 0: that prefix is in its prompt
     cache already (filled before the clock starts)."""
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
@@ -77,33 +77,35 @@ def mlx_lm_ttft(model: Any, ids: Sequence[int], system: int) -> tuple[float, int
         for pos in range(0, system, 2048):
             model(mx.array([list(ids[pos : min(pos + 2048, system)])]), cache=cache)
             mx.eval([c.state for c in cache])
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     for token, _ in generate_step(
         mx.array(list(ids[system:])), model, max_tokens=1, prompt_cache=cache
     ):
-        return time.perf_counter() - t0, int(token)
+        return time.perf_counter() - t0, time.process_time() - c0, int(token)
     raise RuntimeError("mlx-lm produced no token")
 
 
 def toolflash_ttft(
     engine: Any, ids: Sequence[int], seed: SessionState | None, sparse: SparsePrefill | None
-) -> tuple[float, int, int, bool]:
-    """The engine's time to first token, the token, prompt tokens computed, whether sparse.
+) -> tuple[float, float, int, int, bool]:
+    """The engine's time to first token, its process CPU time, the token, prompt tokens
+    computed, whether sparse.
     `seed`: the system prompt's state in a fresh prefix cache (else no cache)."""
     engine.prefix_cache = None
     if seed is not None:
         engine.prefix_cache = PrefixCache(CacheConfig())
         engine.prefix_cache.publish(engine.cache_key, seed)
     request = GenerationRequest(tuple(ids), 1, mode="ar", sparse_prefill=sparse)
-    t0 = time.perf_counter()
-    ttft = 0.0
+    c0, t0 = time.process_time(), time.perf_counter()
+    ttft = cpu = 0.0
     first = -1
     for event in engine.generate(request):
         if isinstance(event, FinishEvent):
             engine.prefix_cache = None
-            return ttft, first, event.stats.computed_tokens, event.stats.sparse
+            return ttft, cpu, first, event.stats.computed_tokens, event.stats.sparse
         if first < 0:
-            ttft, first = time.perf_counter() - t0, event.token_ids[0]
+            ttft, cpu = time.perf_counter() - t0, time.process_time() - c0
+            first = event.token_ids[0]
     raise RuntimeError("no finish event")
 
 
@@ -143,20 +145,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for variant in variants:
                     key = f"{n}/{variant}/{'warm' if warm else 'cold'}"
                     if variant == "mlx-lm":
-                        ttft, tok = mlx_lm_ttft(engine.target.model, ids, sys_n if warm else 0)
+                        ttft, cpu, tok = mlx_lm_ttft(engine.target.model, ids, sys_n if warm else 0)
                         computed, sparse = n - (sys_n if warm else 0), False
                     else:
                         sp = None
                         if variant.startswith("sparse-"):
                             sp = SparsePrefill(float(variant[7:]), 0, args.chunk, args.scorer)
-                        ttft, tok, computed, sparse = toolflash_ttft(
+                        ttft, cpu, tok, computed, sparse = toolflash_ttft(
                             engine, ids, seeds[n] if warm else None, sp
                         )
                     runs.setdefault(key, []).append(
-                        {"rep": rep, "ttft_s": ttft, "token": tok, "computed": computed,
-                         "sparse": sparse}
+                        {"rep": rep, "ttft_s": ttft, "cpu_s": cpu, "token": tok,
+                         "computed": computed, "sparse": sparse}
                     )  # fmt: skip
-                    print(f"rep {rep} {key:28s} {ttft:8.3f}s  computed {computed}", flush=True)
+                    print(f"rep {rep} {key:28s} {ttft:8.3f}s  cpu {cpu:8.3f}s  computed {computed}",
+                          flush=True)  # fmt: skip
                     mx.clear_cache()
         if args.partial:  # what the finished rounds measured, in case a later one fails
             rep_so_far = report(args, engine, lengths, variants, prompts, runs)
@@ -197,6 +200,11 @@ def report(
                         "prefill_tok_s": rs[0]["computed"] / med,
                         "speedup_vs_mlx_lm": base_med / med,
                         "speedup_per_rep": per_rep,
+                        # Process CPU time (all threads): what the prefill cost this process,
+                        # less disturbed than wall time by other work on a shared CPU.
+                        "cpu_median_s": statistics.median(r["cpu_s"] for r in rs),
+                        "cpu_speedup_vs_mlx_lm": statistics.median(r["cpu_s"] for r in base)
+                        / statistics.median(r["cpu_s"] for r in rs),
                         "first_token_as_mlx_lm": sum(
                             r["token"] == b["token"] for b, r in zip(base, rs)
                         ),
@@ -218,12 +226,13 @@ def format_table(rep: dict[str, Any]) -> str:
     out = [f"{rep['model']}  (TTFT median of {rep['repeats']}, speedup = mlx-lm / variant)"]
     out.append(
         f"{'tokens':>7} {'cache':5} {'variant':13} {'TTFT s':>8} {'computed':>9} "
-        f"{'tok/s':>8} {'vs mlx-lm':>9}"
+        f"{'tok/s':>8} {'vs mlx-lm':>9} {'CPU s':>8} {'CPU vs':>7}"
     )
     for r in rep["rows"]:
         out.append(
             f"{r['prompt_tokens']:>7} {r['cache']:5} {r['variant']:13} {r['ttft_median_s']:8.3f} "
             f"{r['computed_tokens']:>9} {r['prefill_tok_s']:8.0f} {r['speedup_vs_mlx_lm']:8.2f}x"
+            f" {r.get('cpu_median_s', 0):8.3f} {r.get('cpu_speedup_vs_mlx_lm', 0):6.2f}x"
         )
     return "\n".join(out)
 
