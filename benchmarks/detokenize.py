@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 from transformers import AutoTokenizer
 
-from toolflash.engine.service import _TextTracker
 from toolflash.engine.stops import visible_text
+from toolflash.engine.text import TextTracker
 
 ASSETS = Path(__file__).resolve().parents[1] / "toolflash" / "assets" / "tiny" / "qwen3-tiny"
 
@@ -29,7 +29,7 @@ def main() -> None:
     ids = tok.encode(source * 4, add_special_tokens=False)[: args.tokens]
 
     t0 = time.perf_counter()
-    tracker = _TextTracker(engine, (), frozenset())
+    tracker = TextTracker(engine.decode, (), frozenset())
     incremental = "".join(tracker.push([t]) for t in ids) + tracker.flush()
     t1 = time.perf_counter()
     sent, text = 0, ""

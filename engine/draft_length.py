@@ -65,3 +65,9 @@ class DraftLengthSchedule:
             self.block = min(self.ceiling, self.block * 2)
         elif self.rejected_in_a_row >= REJECTIONS_TO_SHRINK:
             self.block = max(min(self.min_block, self.ceiling), self.block // 2)
+
+
+def scheduled_block(schedule: DraftLengthSchedule | None, ceiling: int) -> int:
+    """The next cycle's block under the caller's `ceiling` (the adaptive draft length's, when
+    there is a schedule)."""
+    return ceiling if schedule is None else schedule.next_block(ceiling)

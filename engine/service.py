@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -35,20 +35,21 @@ from .api import (
 )
 from .choosers import build_chooser
 from .draft_context import DraftWindow
-from .draft_length import DraftLengthSchedule
 from .drafter import DFlashDrafter
 from .lookup import LookupConfig
+from .mode_control import ModeControl
 from .sampling.logprobs import RawLogprob
 from .session import PREFILL_CHUNK, GenerationSession
 from .sparse import SparseSelection
 from .sparse_scoring import MESSAGE_START, plan_sparse, prompt_layout
-from .stops import StopMatcher, visible_text
+from .stops import StopMatcher
 from .targets.base import TargetAdapter
+from .text import TextTracker, decodes_as_wrapper, fast_backend, max_token_chars
 
 log = structlog.get_logger(__name__)
 
 # Release MLX's buffer cache this often (tokens) so long generations do not hold peak memory.
-_CLEAR_CACHE_EVERY = 1024
+CLEAR_CACHE_EVERY = 1024
 
 
 @dataclass(frozen=True)
@@ -104,10 +105,10 @@ class DFlashEngine:
         self._closed = False
         # The fast tokenizer behind the wrapper (None for others: then every text is
         # tokenized through `encode`), its added tokens, and the last chat prompt's encoding.
-        self._backend = _fast_backend(tokenizer)
+        self._backend = fast_backend(tokenizer)
         # Decoding through the fast tokenizer itself skips the wrappers (~0.6 us against ~6 us
         # for a few tokens), where it decodes exactly as they do.
-        self._decodes_as_wrapper = _decodes_as_wrapper(tokenizer, self._backend)
+        self._decodes_as_wrapper = decodes_as_wrapper(tokenizer, self._backend)
         self._added_ids = (
             frozenset(self._backend.get_added_tokens_decoder())
             if self._backend is not None
@@ -118,7 +119,7 @@ class DFlashEngine:
         self._chats = threading.local()
         # No token spells more characters than this, so a text longer than context_length
         # times it cannot fit the context (refused without tokenizing it).
-        self.max_token_chars = _max_token_chars(tokenizer)
+        self.max_token_chars = max_token_chars(tokenizer)
         # Runs a controller's `prepare` while the prefill computes (MLX releases the GIL
         # while it evaluates); created on first use.
         self._preparer: ThreadPoolExecutor | None = None
@@ -278,118 +279,77 @@ class DFlashEngine:
         prompt = list(request.prompt_tokens)
         if not prompt or len(prompt) >= self.context_length:
             raise ContextLengthError(len(prompt), request.max_tokens, self.context_length)
-        max_tokens = min(request.max_tokens, self.context_length - len(prompt))
-        mode = self._runnable(request.mode)
-        spec_block = request.block_size or self.default_block_size
-        lookup_block = request.block_size or self.options.lookup.block_size
-        block_size = lookup_block if mode == "lookup" else spec_block
-        # The block (the policy's, else the request's or engine's) is the largest a cycle
-        # drafts; the adaptive draft length shortens it after rejected drafts.
-        schedule = (
-            DraftLengthSchedule(block_size)
-            if (request.draft_length or self.options.draft_length) == "adaptive"
-            else None
+        control = ModeControl(
+            request,
+            controller,
+            spec_block=request.block_size or self.default_block_size,
+            lookup_block=request.block_size or self.options.lookup.block_size,
+            drafter=self.drafter is not None,
+            draft_length=request.draft_length or self.options.draft_length,
         )
-        session = GenerationSession(
-            self.target,
-            self.drafter,
-            window=self.options.window,
-            prefill_chunk=self.options.prefill_chunk,
-            chooser=build_chooser(request, self.target.vocab_size, self.tokenizer),
-            logprobs=request.logprobs,
-            lookup=self.options.lookup,
-        )
-        eos_ids = frozenset() if request.ignore_eos else self.eos_ids
+        session = self._session(request)
         matcher = StopMatcher(
-            eos_ids | request.stop_token_ids,
+            (frozenset() if request.ignore_eos else self.eos_ids) | request.stop_token_ids,
             request.stop_strings,
-            max_tokens,
+            min(request.max_tokens, self.context_length - len(prompt)),
             self.decode,
         )
-        text = _TextTracker(self, request.stop_strings, matcher.eos_ids)
-        cycles: list[CycleRecord] = []
+        text = TextTracker(self.decode, request.stop_strings, matcher.eos_ids)
 
+        # Prefill: the longest cached prefix restored, the rest computed, the controller's
+        # reads made beside it; the first token goes out before any state is published.
         t0 = time.perf_counter()
-        cache = self.prefix_cache
-        hit = cache.lookup(self.cache_key, prompt) if cache is not None else None
-        restored = len(hit.snapshot.tokens) if hit is not None else 0
-        # States reached at `publish_at` during prefill are published only after the first
-        # token is out: publishing evaluates and queues them (L2), which must not delay TTFT.
-        # MLX arrays are values, so a state exported mid-prefill is unchanged by what follows.
-        deferred: list[SessionState] = []
-        # The arms a controller may choose from: spec up to the drafter's block (0: none),
-        # lookup at its block.
-        arm_blocks = (spec_block if self.drafter is not None else 0, lookup_block)
-        prepared = (
-            self._prepare(controller, len(prompt), arm_blocks) if controller is not None else None
-        )
-        restore = hit.snapshot.state if hit is not None else None
-        publish_at = request.publish_at if cache is not None else ()
-        publish = deferred.append if cache is not None else None
-        selection = self._sparse_selection(request, prompt, restored)
-        if selection is not None:
-            first = session.sparse_prefill(prompt, selection, restore, publish_at, publish)
-        else:
-            first = session.prefill(prompt, restore, publish_at, publish)
-        if cache is not None:
-            cache.record_prefill(restored, session.computed_prompt_tokens)
+        control.prepare(len(prompt), self._submit)
+        first, restored, deferred = self._prefill(session, request, prompt)
         prefill_s = time.perf_counter() - t0
         t_decode = time.perf_counter()
         finished = matcher.check([first]) is not None
         first_text = text.push([first])
-        if controller is not None and prepared is not None:
-            prepared.result()  # done by now: it ran beside the prefill
-            # The first token may already open a span (`<tool_call>`, `<think>`, `{`).
-            controller.observe_prefix(first_text or self.decode([first]))
-            decision = controller.start(len(prompt), *arm_blocks)
-            mode, block_size = decision.mode, decision.block_size
+        control.start(len(prompt), first_text or self.decode([first]))
         if not finished:
-            self._prepare_next(session, request, mode, block_size, schedule, matcher, 0)
+            control.prepare_next(session, matcher.remaining)
         try:
             yield TokenEvent((first,), first_text, None, self._logprobs(session.first_logprobs))
         finally:  # also when the consumer stops right after the first token
             for state in deferred:
-                assert cache is not None
-                cache.publish(self.cache_key, state)
+                self._publish(state)
+
+        # Decode: one event per step; the next step's device work starts before it goes out.
+        cycles: list[CycleRecord] = []
         reason: str | None = None
         try:
             while not finished and not text.stopped:
                 if cancel is not None and cancel.is_set():
                     reason = "cancelled"
                     break
-                mode = self._runnable(request.mode_plan.get(len(cycles), mode))
-                block = min(_block(schedule, block_size), matcher.remaining)
+                mode, block = control.next_step(matcher.remaining)
                 # An AR step (or a lookup step that finds no match) queues the next one's
                 # forward unless this must be the last.
                 lookahead = mode != "spec" and matcher.remaining > 1
                 step = session.step(mode, block, matcher.check, lookahead)
                 cycles.append(step.record)
-                if schedule is not None:
-                    schedule.observe(step.record)
                 finished = step.finished
                 delta = text.push(step.tokens)
-                if controller is not None:
-                    decision = controller.after_step(step.record, step.tokens, delta)
-                    mode, block_size = decision.mode, decision.block_size
+                control.after_step(step.record, step.tokens, delta)
                 if not finished and not text.stopped:
-                    self._prepare_next(
-                        session, request, mode, block_size, schedule, matcher, len(cycles)
-                    )
+                    control.prepare_next(session, matcher.remaining)
                 yield TokenEvent(
                     tuple(step.tokens), delta, step.record, self._logprobs(step.logprobs)
                 )
-                if len(session.tokens) % _CLEAR_CACHE_EVERY < len(step.tokens):
+                if len(session.tokens) % CLEAR_CACHE_EVERY < len(step.tokens):
                     mx.clear_cache()
         finally:
             decode_s = time.perf_counter() - t_decode
+
+        # Finish: the text held back, the final state published, the stats.
         if reason is None:
             reason = "stop" if text.stopped else (matcher.reason or "length")
         tail = text.flush()
         if tail:
             yield TokenEvent((), tail)
         # A sparse session's state is never reusable (its dense head was published above).
-        if cache is not None and session.fed > 0 and session.lineage == "dense":
-            cache.publish(self.cache_key, session.export_state())
+        if session.fed > 0 and session.lineage == "dense":
+            self._publish(session.export_state())
         stats = GenerationStats(
             prompt_tokens=len(prompt),
             cached_tokens=restored,
@@ -414,8 +374,46 @@ class DFlashEngine:
             # After the event: the controller's bookkeeping (estimates, counters, log lines)
             # runs while the response goes out, not before it; also when the consumer stops
             # at the FinishEvent.
-            if controller is not None:
-                controller.finish(stats)
+            control.finish(stats)
+
+    def _session(self, request: GenerationRequest) -> GenerationSession:
+        return GenerationSession(
+            self.target,
+            self.drafter,
+            window=self.options.window,
+            prefill_chunk=self.options.prefill_chunk,
+            chooser=build_chooser(request, self.target.vocab_size, self.tokenizer),
+            logprobs=request.logprobs,
+            lookup=self.options.lookup,
+        )
+
+    def _prefill(
+        self, session: GenerationSession, request: GenerationRequest, prompt: list[int]
+    ) -> tuple[int, int, list[SessionState]]:
+        """Prefill `session` from the longest cached prefix of `prompt` (dense, or the
+        request's opt-in sparse prefill); returns the first token, how many prompt tokens
+        were restored, and the states reached at `publish_at`, to publish once the first
+        token is out (publishing evaluates and queues them, which must not delay TTFT; MLX
+        arrays are values, so a state exported mid-prefill is unchanged by what follows)."""
+        cache = self.prefix_cache
+        hit = cache.lookup(self.cache_key, prompt) if cache is not None else None
+        restored = len(hit.snapshot.tokens) if hit is not None else 0
+        restore = hit.snapshot.state if hit is not None else None
+        deferred: list[SessionState] = []
+        publish_at = request.publish_at if cache is not None else ()
+        publish = deferred.append if cache is not None else None
+        selection = self._sparse_selection(request, prompt, restored)
+        if selection is not None:
+            first = session.sparse_prefill(prompt, selection, restore, publish_at, publish)
+        else:
+            first = session.prefill(prompt, restore, publish_at, publish)
+        if cache is not None:
+            cache.record_prefill(restored, session.computed_prompt_tokens)
+        return first, restored, deferred
+
+    def _publish(self, state: SessionState) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.publish(self.cache_key, state)
 
     def _sparse_selection(
         self, request: GenerationRequest, prompt: list[int], restored: int
@@ -433,33 +431,12 @@ class DFlashEngine:
         ids = self.encode(MESSAGE_START)
         return ids[0] if len(ids) == 1 and ids[0] in self._added_ids else None
 
-    def _prepare_next(
-        self,
-        session: GenerationSession,
-        request: GenerationRequest,
-        mode: Mode,
-        block_size: int,
-        schedule: DraftLengthSchedule | None,
-        matcher: StopMatcher,
-        step: int,
-    ) -> None:
-        """Start the next step's device work before the event goes out, so it computes while
-        the consumer handles the event (`GenerationSession.prepare`)."""
-        mode = self._runnable(request.mode_plan.get(step, mode))
-        session.prepare(mode, min(_block(schedule, block_size), matcher.remaining))
-
-    def _runnable(self, mode: Mode) -> Mode:
-        """`mode`, or AR for spec without a drafter (lookup needs none)."""
-        return "ar" if mode == "spec" and self.drafter is None else mode
-
-    def _prepare(
-        self, controller: ModeController, prompt_tokens: int, arm_blocks: tuple[int, int]
-    ) -> Future[None]:
-        """Start `controller.prepare` on the preparer thread (one at a time, in order: a
-        request's reads never overlap the previous request's)."""
+    def _submit(self, fn: Callable[..., None], *args: Any) -> Future[None]:
+        """Run `fn` on the preparer thread (one at a time, in order: a request's reads never
+        overlap the previous request's)."""
         if self._preparer is None:
             self._preparer = ThreadPoolExecutor(1, thread_name_prefix="toolflash-prepare")
-        return self._preparer.submit(controller.prepare, prompt_tokens, *arm_blocks)
+        return self._preparer.submit(fn, *args)
 
     def _logprobs(self, raw: Sequence[RawLogprob]) -> tuple[TokenLogprob, ...]:
         """With token texts; EOS tokens never become text, so they get no entry either."""
@@ -475,11 +452,6 @@ class DFlashEngine:
         )
 
 
-def _block(schedule: DraftLengthSchedule | None, ceiling: int) -> int:
-    """The next cycle's block under the caller's `ceiling` (the adaptive draft length's)."""
-    return ceiling if schedule is None else schedule.next_block(ceiling)
-
-
 @dataclass(frozen=True)
 class _ChatEncoding:
     """The last rendered chat prompt, its ids and the tokenizer's encoding (character spans)."""
@@ -489,55 +461,6 @@ class _ChatEncoding:
     encoding: Any  # tokenizers.Encoding
 
 
-def _max_token_chars(tokenizer: Any) -> int:
-    """The most characters one token can decode to. A byte-level BPE vocabulary entry has one
-    character per byte (>= the characters it decodes to); other vocabularies spell tokens
-    with their characters. Falls back to a bound no tokenizer reaches in practice."""
-    try:
-        vocab = tokenizer.get_vocab()
-        return max(max(len(t) for t in vocab), 1)
-    except Exception:  # no vocabulary to read: a loose bound (only a quick refusal is lost)
-        return 1024
-
-
-def _fast_backend(tokenizer: Any) -> Any:
-    """The `tokenizers.Tokenizer` under an mlx-lm wrapper around a Hugging Face fast
-    tokenizer, or None when there is none."""
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)
-    backend = getattr(hf, "backend_tokenizer", None)
-    if backend is None or not callable(getattr(backend, "get_added_tokens_decoder", None)):
-        return None
-    # Only where it tokenizes exactly as the wrapper's `encode` (a wrapper could add its own
-    # handling): checked once on text with added tokens, spaces and non-ASCII.
-    added = " ".join(t.content for t in backend.get_added_tokens_decoder().values())
-    probe = f"{added}\n  héllo, 世界 🙂\n\n{added}x  "
-    try:
-        same = list(backend.encode(probe, add_special_tokens=False).ids) == list(
-            tokenizer.encode(probe, add_special_tokens=False)
-        )
-    except Exception:  # any tokenizer that cannot: keep tokenizing through `encode`
-        return None
-    return backend if same else None
-
-
-def _decodes_as_wrapper(tokenizer: Any, backend: Any) -> bool:
-    """Whether `backend.decode` gives the wrapper's `decode` text: checked once on every run
-    of one to three tokens of text with added tokens, spaces and characters split across
-    tokens (a wrapper that cleans up spaces, or decodes its own way, fails it)."""
-    if backend is None:
-        return False
-    added = " ".join(t.content for t in backend.get_added_tokens_decoder().values())
-    probe = f"{added}\n  héllo, 世界 🙂 ( x ) ; y's .\n\n{added}x  "
-    try:
-        ids = list(backend.encode(probe, add_special_tokens=False).ids)
-        runs = [ids] + [ids[i : i + n] for n in (1, 2, 3) for i in range(len(ids))]
-        return all(
-            backend.decode(r, skip_special_tokens=False) == tokenizer.decode(r) for r in runs
-        )
-    except Exception:  # any tokenizer that cannot: keep decoding through `decode`
-        return False
-
-
 def tool_call_format_of(template: str) -> str:
     """The tool-call markup the chat template renders by default: Qwen3-Coder XML templates
     write `<function=...>` and no JSON `"name"`; hermes templates write JSON (templates
@@ -545,55 +468,3 @@ def tool_call_format_of(template: str) -> str:
     if "<function=" in template and '"name"' not in template:
         return "qwen3_coder"
     return "hermes"
-
-
-class _TextTracker:
-    """Turns committed tokens into text deltas; EOS tokens never become text, and text from a
-    stop string on is never shown.
-
-    Decoding is incremental (as vLLM's detokenizer does): each step decodes only a window from
-    the previous step's boundary, and the text before it is kept, so a long generation does not
-    re-decode all its tokens at every step. The window's first tokens are context, so tokenizers
-    that drop a leading space at the start of a decode still produce the right difference."""
-
-    def __init__(self, engine: DFlashEngine, stop_strings: Sequence[str], eos: frozenset[int]):
-        self.engine = engine
-        self.stop_strings = stop_strings
-        self.eos = eos
-        self.tokens: list[int] = []
-        self.sent = 0
-        self.stopped = False
-        self._stable = ""  # text of tokens[:_read]
-        self._prefix = 0  # window start: context for decoding tokens[_read:]
-        self._read = 0
-
-    def _text(self) -> str:
-        """The text of all tokens so far (a trailing incomplete character stays U+FFFD)."""
-        before = self.engine.decode(self.tokens[self._prefix : self._read])
-        window = self.engine.decode(self.tokens[self._prefix :])
-        new = window[len(before) :]
-        if not window.startswith(before) or window.endswith("\ufffd"):
-            # Mid-character (or a tokenizer that rewrote the context): keep the window open.
-            return self._stable + new if window.startswith(before) else self._full()
-        self._stable += new
-        self._prefix, self._read = self._read, len(self.tokens)
-        return self._stable
-
-    def _full(self) -> str:
-        return self.engine.decode(self.tokens)
-
-    def push(self, tokens: Sequence[int]) -> str:
-        if self.stopped:
-            return ""
-        self.tokens.extend(t for t in tokens if t not in self.eos)
-        delta, self.stopped = visible_text(self._text(), self.sent, self.stop_strings)
-        self.sent += len(delta)
-        return delta
-
-    def flush(self) -> str:
-        """Text held back as a possible stop-string prefix, released at the end."""
-        if self.stopped:
-            return ""
-        rest = self._full()[self.sent :]
-        self.sent += len(rest)
-        return rest

@@ -32,12 +32,13 @@ from ..api import (
     TokenEvent,
 )
 from ..choosers import build_chooser
-from ..draft_length import DraftLengthSchedule
+from ..draft_length import DraftLengthSchedule, scheduled_block
 from ..sampling.logprobs import token_logprobs
 from ..selection import Proposal
-from ..service import _CLEAR_CACHE_EVERY, DFlashEngine, _block, _TextTracker
+from ..service import CLEAR_CACHE_EVERY, DFlashEngine
 from ..session import GenerationSession, StepResult
 from ..stops import StopMatcher
+from ..text import TextTracker
 
 
 class Lane:
@@ -81,7 +82,7 @@ class Lane:
         self.matcher = StopMatcher(
             eos_ids | request.stop_token_ids, request.stop_strings, max_tokens, engine.decode
         )
-        self.text = _TextTracker(engine, request.stop_strings, self.matcher.eos_ids)
+        self.text = TextTracker(engine.decode, request.stop_strings, self.matcher.eos_ids)
         self.cycles: list[CycleRecord] = []
         self.cache = engine.prefix_cache
         if self.cache is not None:
@@ -103,7 +104,7 @@ class Lane:
         )
         self._deferred: list[SessionState] = []
         self._prepared: Future[None] | None = (
-            engine._prepare(self.controller, len(prompt), self.arm_blocks)
+            engine._submit(self.controller.prepare, len(prompt), *self.arm_blocks)
             if self.controller is not None
             else None
         )
@@ -170,7 +171,7 @@ class Lane:
         if finished or self.text.stopped:
             events.extend(self._end(None))
         elif self._prepare_first:
-            block = min(_block(self.schedule, self.block_size), self.matcher.remaining)
+            block = min(scheduled_block(self.schedule, self.block_size), self.matcher.remaining)
             session.prepare(self.next_mode(), block)
         return events
 
@@ -190,7 +191,7 @@ class Lane:
     def batch_mode(self) -> Mode:
         """What this row does in a batched step: "spec" where its mode is spec with a block to
         draft, else "ar" (lookup, AR, or a last token)."""
-        block = min(_block(self.schedule, self.block_size), self.matcher.remaining)
+        block = min(scheduled_block(self.schedule, self.block_size), self.matcher.remaining)
         spec = self.next_mode() == "spec" and block > 1 and self.session.draft_ctx is not None
         return "spec" if spec else "ar"
 
@@ -201,7 +202,7 @@ class Lane:
         if self.cancelled:
             return self._end("cancelled")
         remaining = self.matcher.remaining
-        block = min(_block(self.schedule, self.block_size), remaining)
+        block = min(scheduled_block(self.schedule, self.block_size), remaining)
         mode = self.next_mode()
         # An AR step (or a lookup step that finds no match) queues the next one's forward.
         lookahead = prepare and mode != "spec" and remaining > 1
@@ -259,7 +260,7 @@ class Lane:
         """This row's proposal for a batched verify: tokens a constraint forces, else the
         drafter's block (the drafter context is the lane's own; no target cache is read)."""
         session = self.session
-        block = min(_block(self.schedule, self.block_size), self.matcher.remaining)
+        block = min(scheduled_block(self.schedule, self.block_size), self.matcher.remaining)
         proposal = session.chooser.forced(block - 1)
         if proposal is None:
             proposal = session.chooser.draft(session.proposer(session, block)[0])
@@ -333,13 +334,13 @@ class Lane:
             self.mode, self.block_size = decision.mode, decision.block_size
         ends = step.finished or self.text.stopped
         if solo and prepare and not ends:
-            block = min(_block(self.schedule, self.block_size), self.matcher.remaining)
+            block = min(scheduled_block(self.schedule, self.block_size), self.matcher.remaining)
             self.session.prepare(self.next_mode(), block)
         engine = self.engine
         events: list[EngineEvent] = [
             TokenEvent(tuple(step.tokens), delta, step.record, engine._logprobs(step.logprobs))
         ]
-        if len(self.session.tokens) % _CLEAR_CACHE_EVERY < len(step.tokens):
+        if len(self.session.tokens) % CLEAR_CACHE_EVERY < len(step.tokens):
             mx.clear_cache()
         if ends:
             events.extend(self._end(None))

@@ -127,7 +127,7 @@ def test_other_prompts_and_inexact_boundaries_tokenize_the_prefix(engine: Any) -
 
 
 def test_a_wrapper_that_tokenizes_differently_keeps_two_tokenizations(engine: Any) -> None:
-    from toolflash.engine.service import _fast_backend
+    from toolflash.engine.text import fast_backend
 
     class Shifted:
         """A wrapper whose `encode` is not its backend's (e.g. its own preprocessing)."""
@@ -139,8 +139,8 @@ def test_a_wrapper_that_tokenizes_differently_keeps_two_tokenizations(engine: An
         def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
             return list(self.inner.encode(" " + text, add_special_tokens=add_special_tokens))
 
-    assert _fast_backend(engine.tokenizer) is not None
-    assert _fast_backend(Shifted(engine.tokenizer)) is None
+    assert fast_backend(engine.tokenizer) is not None
+    assert fast_backend(Shifted(engine.tokenizer)) is None
 
 
 def test_render_threads_each_read_their_own_prompt(engine: Any) -> None:

@@ -9,7 +9,7 @@ import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from transformers import AutoTokenizer
 
-from toolflash.engine.service import _decodes_as_wrapper, _fast_backend
+from toolflash.engine.text import decodes_as_wrapper, fast_backend
 
 ASSETS = Path(__file__).resolve().parents[2] / "toolflash" / "assets" / "tiny"
 
@@ -17,8 +17,8 @@ ASSETS = Path(__file__).resolve().parents[2] / "toolflash" / "assets" / "tiny"
 @pytest.mark.parametrize("name", ["qwen35-tiny", "qwen3-tiny"])
 def test_fast_decode_equals_the_wrapper_on_random_token_runs(name: str) -> None:
     tok = TokenizerWrapper(AutoTokenizer.from_pretrained(ASSETS / name))  # as the engine loads it
-    backend = _fast_backend(tok)
-    assert backend is not None and _decodes_as_wrapper(tok, backend)
+    backend = fast_backend(tok)
+    assert backend is not None and decodes_as_wrapper(tok, backend)
     text = (
         "<think>\nhéllo wörld 🙂 日本語 Ελληνικά</think>\n\ndef f(x):\n    return {'a': x}  # ü\n"
     )
@@ -32,5 +32,5 @@ def test_fast_decode_equals_the_wrapper_on_random_token_runs(name: str) -> None:
 
 def test_a_wrapper_that_cleans_up_spaces_keeps_its_own_decode() -> None:
     tok = AutoTokenizer.from_pretrained(ASSETS / "qwen35-tiny", clean_up_tokenization_spaces=True)
-    assert not _decodes_as_wrapper(tok, _fast_backend(tok))
-    assert not _decodes_as_wrapper(tok, None)
+    assert not decodes_as_wrapper(tok, fast_backend(tok))
+    assert not decodes_as_wrapper(tok, None)

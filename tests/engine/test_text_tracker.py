@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from toolflash.engine.service import _TextTracker
+from toolflash.engine.text import TextTracker
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "toolflash" / "assets" / "tiny" / "qwen3-tiny"
 TEXTS = [
@@ -39,7 +39,7 @@ def _chunks(ids: list[int], rng: random.Random) -> list[list[int]]:
 @pytest.mark.parametrize("text", TEXTS)
 def test_deltas_add_up_to_the_full_decode(engine: Any, text: str, seed: int) -> None:
     ids = engine.tok.encode(text, add_special_tokens=False)
-    tracker = _TextTracker(engine, (), frozenset({2}))
+    tracker = TextTracker(engine.decode, (), frozenset({2}))
     out = "".join(tracker.push(c) for c in _chunks(ids + [2], random.Random(seed)))
     out += tracker.flush()
     assert out == engine.decode(ids) == text
@@ -50,7 +50,7 @@ def test_random_byte_tokens_never_show_a_partial_character(engine: Any) -> None:
     rng = random.Random(0)
     vocab = engine.tok.vocab_size if hasattr(engine.tok, "vocab_size") else 4096
     ids = [rng.randrange(10, vocab) for _ in range(400)]
-    tracker = _TextTracker(engine, (), frozenset({2}))
+    tracker = TextTracker(engine.decode, (), frozenset({2}))
     deltas = [tracker.push([t]) for t in ids]
     assert "".join(deltas) + tracker.flush() == engine.decode(ids)
 
@@ -58,7 +58,7 @@ def test_random_byte_tokens_never_show_a_partial_character(engine: Any) -> None:
 def test_stop_string_across_windows(engine: Any) -> None:
     text = "alpha beta STOP gamma"
     ids = engine.tok.encode(text, add_special_tokens=False)
-    tracker = _TextTracker(engine, ("STOP",), frozenset({2}))
+    tracker = TextTracker(engine.decode, ("STOP",), frozenset({2}))
     out = ""
     for t in ids:
         out += tracker.push([t])
