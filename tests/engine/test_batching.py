@@ -95,8 +95,11 @@ def prompts(engine: Any, n: int) -> list[tuple[int, ...]]:
 
 
 def test_decode_rule() -> None:
-    assert decode_rule(1) == "solo"
-    assert decode_rule(2) == decode_rule(8) == "batched_ar"
+    assert decode_rule(1, ["spec"]) == "solo"
+    assert decode_rule(2) == decode_rule(8, ["spec"] * 8) == "batched_ar"
+    assert decode_rule(2, ["spec", "ar"]) == "batched_ar"
+    assert decode_rule(2, ["spec", "spec"]) == "batched_spec"
+    assert decode_rule(4, ["spec"] * 4, spec_rows=4) == "batched_spec"
 
 
 @pytest.mark.parametrize("offsets", [(0, 0, 0, 0), (0, 1, 3, 7), (0, 5, 2, 11)])
@@ -129,7 +132,7 @@ def test_batched_greedy_equals_alone(engine: Any, offsets: tuple[int, ...]) -> N
 def test_batched_spec_equals_alone(engine: Any, offsets: tuple[int, ...]) -> None:
     """Every row in spec mode: one batched verify per step, each row keeping its own accepted
     prefix (K/V rolled per row, GatedDeltaNet state per row); outputs as alone."""
-    batcher = EngineBatcher(engine)
+    batcher = EngineBatcher(engine, spec_rows=8)
     reqs = [
         GenerationRequest(p, 30 + 9 * i, mode="spec", ignore_eos=True, block_size=4 + 4 * i)
         for i, p in enumerate(prompts(engine, len(offsets)))
@@ -165,7 +168,7 @@ def oracle(reference: list[int], prompt_len: int, wrong_at: int) -> Any:
 
 
 def test_batched_spec_keeps_each_rows_accepted_prefix(engine: Any) -> None:
-    batcher = EngineBatcher(engine)
+    batcher = EngineBatcher(engine, spec_rows=8)
     reqs = [
         GenerationRequest(p, 40, mode="spec", ignore_eos=True, block_size=8)
         for p in prompts(engine, 3)
