@@ -1,0 +1,123 @@
+"""The batch scheduler's decode rule at the engine, no HTTP: the same pool of requests run one
+after another through `generate` ("serial") and through `EngineBatcher` with up to k rows,
+their spec-mode rows advancing by batched verify ("spec k") or by batched AR ("ar k").
+
+    python benchmarks/concurrent_engine.py --repeats 3 --json benchmarks/results/concurrent_engine.json
+
+Each configuration runs the whole pool (the embedded benchmark prompts, kinds interleaved,
+greedy, `--max-tokens`, natural end of turn) and is timed end to end; configurations are
+interleaved per repeat and compared to serial by the median. Outputs are compared to serial's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from toolflash.engine.api import GenerationRequest, TokenEvent
+from toolflash.engine.batching.batcher import EngineBatcher
+from toolflash.engine.factory import build_engine
+
+PROMPTS = Path(__file__).resolve().parent.parent / "toolflash/assets/tiny/bench_prompts.jsonl"
+
+
+def requests(engine: Any, n: int, max_tokens: int) -> list[GenerationRequest]:
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    kinds = sorted({r["kind"] for r in rows})
+    by_kind = {k: [r for r in rows if r["kind"] == k] for k in kinds}
+    picked = [by_kind[kinds[i % len(kinds)]][i // len(kinds)] for i in range(n)]
+    return [
+        GenerationRequest(
+            tuple(engine.encode_chat(r["messages"], r.get("tools"), r.get("chat_template_kwargs"))),
+            max_tokens,
+            mode="spec",
+        )
+        for r in picked
+    ]
+
+
+def serial(engine: Any, reqs: list[GenerationRequest]) -> list[list[int]]:
+    return [
+        [t for e in engine.generate(r) if isinstance(e, TokenEvent) for t in e.token_ids]
+        for r in reqs
+    ]
+
+
+def batched(
+    engine: Any, reqs: list[GenerationRequest], rows: int, spec_rows: int
+) -> list[list[int]]:
+    batcher = EngineBatcher(engine, rows, spec_rows=spec_rows)
+    pending = list(enumerate(reqs))
+    out: dict[Any, list[int]] = {}
+    while pending or batcher.size:
+        while pending and batcher.size < rows:
+            batcher.add(*pending.pop(0))
+        for key, events in batcher.step():
+            assert not isinstance(events, BaseException), events
+            out.setdefault(key, []).extend(
+                t for e in events if isinstance(e, TokenEvent) for t in e.token_ids
+            )
+    return [out[i] for i in range(len(reqs))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default="toolflash-tiny-qwen35")
+    p.add_argument("--rows", default="2,4,8")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    engine = build_engine(args.model)
+    reqs = requests(engine, args.prompts, args.max_tokens)
+    reference = serial(engine, reqs)  # also the warm-up
+    tokens = sum(len(t) for t in reference)
+    configs: dict[str, Any] = {"serial": lambda: serial(engine, reqs)}
+    for k in (int(r) for r in args.rows.split(",")):
+        configs[f"ar {k}"] = lambda k=k: batched(engine, reqs, k, spec_rows=0)
+        configs[f"spec {k}"] = lambda k=k: batched(engine, reqs, k, spec_rows=k)
+    walls: dict[str, list[float]] = {name: [] for name in configs}
+    differ: dict[str, int] = dict.fromkeys(configs, 0)
+    for rep in range(args.repeats):
+        names = list(configs) if rep % 2 == 0 else list(reversed(configs))
+        for name in names:
+            t0 = time.perf_counter()
+            out = configs[name]()
+            walls[name].append(time.perf_counter() - t0)
+            differ[name] = max(differ[name], sum(a != b for a, b in zip(out, reference)))
+            print(f"rep {rep} {name}: {walls[name][-1]:.2f} s", flush=True)
+    base = statistics.median(walls["serial"])
+    rows = [
+        {
+            "config": name,
+            "wall_s": [round(w, 3) for w in walls[name]],
+            "tok_s": round(tokens / statistics.median(walls[name]), 1),
+            "ratio_to_serial": round(base / statistics.median(walls[name]), 2),
+            "outputs_differing_from_serial": differ[name],
+        }
+        for name in configs
+    ]
+    report = {
+        "command": "python benchmarks/concurrent_engine.py " + " ".join(argv or sys.argv[1:]),
+        "model": args.model,
+        "prompts": args.prompts,
+        "max_tokens": args.max_tokens,
+        "completion_tokens": tokens,
+        "results": rows,
+        "machine": platform.platform(),
+    }
+    print(json.dumps(report, indent=2))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
