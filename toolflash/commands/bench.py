@@ -67,8 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--variants",
         default=None,
-        help="with --baseline: comma list of ar, spec-fixed, spec-adaptive, policy-cold, "
-        "policy-warm (default: all)",
+        help="with --baseline: comma list of ar, lookup, spec-fixed, spec-adaptive, "
+        "policy-cold, policy-warm (default: all)",
     )
     p.add_argument("--plot", default=None, help="with --baseline: write a PNG of the ratios")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -44,7 +44,7 @@ class ServeSettings(BaseModel):
     )
     policy: Literal["adaptive", "off"] = Field(
         default="adaptive",
-        description="adaptive: choose spec or AR and the block size per request class and span"
+        description="adaptive: choose AR, spec (and its block) or lookup per request class and span"
         " from measurements (`toolflash policy show`); off: always --mode",
     )
     policy_config: tuple[str, ...] = Field(
