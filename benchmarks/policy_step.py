@@ -155,11 +155,23 @@ def policy_at(rev: str, into: Path) -> Any:
     except ImportError:
         controller = __import__(f"{name}.controller", fromlist=["AdaptivePolicy"])
 
+    # That revision's own shipped defaults: today's may hold keys it does not know.
+    default = into / f"{name}-configs" / "default.yaml"
+    default.parent.mkdir()
+    default.write_bytes(
+        subprocess.run(
+            ["git", "show", f"{rev}:configs/default.yaml"], cwd=root, capture_output=True
+        ).stdout
+    )
+
     def make(tmp: Path) -> Any:
         cfg = tmp / "cycle-timing.yaml"
         cfg.write_text("estimates: {timing: cycle}\n")
+        files = [default, cfg] if default.stat().st_size else [cfg]
         return controller.AdaptivePolicy(
-            config.PolicyConfig([cfg]), clock=lambda: 1_000_000.0, persist=False
+            config.PolicyConfig(files, include_shipped=not default.stat().st_size),
+            clock=lambda: 1_000_000.0,
+            persist=False,
         )
 
     return make
