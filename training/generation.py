@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from toolflash.engine.api import CycleRecord, Mode
 from toolflash.engine.draft_context import DraftWindow
 from toolflash.engine.drafter import DFlashDrafter
+from toolflash.engine.lookup import LookupConfig
 from toolflash.engine.session import GenerationSession
 from toolflash.engine.stops import StopMatcher
 from toolflash.engine.targets.base import TargetAdapter
@@ -38,10 +39,16 @@ def generate(
     window: DraftWindow | None = None,
 ) -> Generation:
     """Greedy decode `prompt` until a stop id or `max_new_tokens`. In `spec` mode every
-    cycle drafts with `drafter` and verifies with the target (lossless at temperature 0)."""
+    cycle drafts with `drafter` and verifies with the target (lossless at temperature 0); no
+    cycle copies a lookup continuation instead, so the acceptance measured is the drafter's."""
     matcher = StopMatcher(frozenset(stop_ids), (), max_new_tokens, lambda _: "")
     # window=None on DraftWindow keeps the whole context, as training does.
-    session = GenerationSession(target, drafter, window=window or DraftWindow(window=None))
+    session = GenerationSession(
+        target,
+        drafter,
+        window=window or DraftWindow(window=None),
+        lookup=LookupConfig(spec_takeover=False),
+    )
     t0 = time.perf_counter()
     first = session.prefill(list(prompt))
     t1 = time.perf_counter()
