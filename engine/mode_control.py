@@ -59,6 +59,10 @@ class ModeControl:
         """`mode`, or AR for spec without a drafter (lookup needs none)."""
         return "ar" if mode == "spec" and not self.drafter else mode
 
+    def _planned(self) -> Mode:
+        """The next step's mode: the request's plan at this step, else the current mode."""
+        return self._runnable(self.request.mode_plan.get(self.steps, self.mode))
+
     def _block(self, remaining: int) -> int:
         return min(scheduled_block(self.schedule, self.block), remaining)
 
@@ -83,7 +87,7 @@ class ModeControl:
     # -- between steps ----------------------------------------------------------------------
     def next_step(self, remaining: int) -> tuple[Mode, int]:
         """The next step's mode (the request's plan overrides at its cycle index) and block."""
-        self.mode = self._runnable(self.request.mode_plan.get(self.steps, self.mode))
+        self.mode = self._planned()
         return self.mode, self._block(remaining)
 
     def after_step(self, record: CycleRecord, tokens: Sequence[int], text: str) -> None:
@@ -96,8 +100,7 @@ class ModeControl:
     def prepare_next(self, session: GenerationSession, remaining: int) -> None:
         """Start the next step's device work before the event goes out, so it computes while
         the consumer handles the event (`GenerationSession.prepare`)."""
-        mode = self._runnable(self.request.mode_plan.get(self.steps, self.mode))
-        session.prepare(mode, self._block(remaining))
+        session.prepare(self._planned(), self._block(remaining))
 
     def finish(self, stats: GenerationStats) -> None:
         if self.controller is not None:

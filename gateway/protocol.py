@@ -116,6 +116,17 @@ ChatMessage = Annotated[
 # ---------------------------------------------------------------- tools
 
 
+def checked_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` when it is a valid JSON schema (its draft, else 2020-12), else ValueError (a
+    tool's parameters in every dialect)."""
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ValueError(f"not a valid JSON schema: {exc.message}") from None
+    return schema
+
+
 class FunctionDefinition(OpenAIBaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.:\-]{1,128}$")
     description: str | None = None
@@ -127,14 +138,7 @@ class FunctionDefinition(OpenAIBaseModel):
     def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
         if schema is None:
             return None
-        validator = jsonschema.validators.validator_for(
-            schema, default=jsonschema.Draft202012Validator
-        )
-        try:
-            validator.check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            raise ValueError(f"not a valid JSON schema: {exc.message}") from None
-        return schema
+        return checked_json_schema(schema)
 
 
 class ToolDefinition(OpenAIBaseModel):

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from toolflash.gateway.protocol import OpenAIBaseModel, StopString, ToolflashInfo
+from toolflash.gateway.protocol import (
+    OpenAIBaseModel,
+    StopString,
+    ToolflashInfo,
+    checked_json_schema,
+)
 
 
 class WireModel(OpenAIBaseModel):
@@ -124,14 +128,7 @@ class ToolDef(WireModel):
     def _valid_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
         if schema.get("type") != "object":
             raise ValueError("input_schema must be a JSON schema of type 'object'")
-        validator = jsonschema.validators.validator_for(
-            schema, default=jsonschema.Draft202012Validator
-        )
-        try:
-            validator.check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            raise ValueError(f"not a valid JSON schema: {exc.message}") from None
-        return schema
+        return checked_json_schema(schema)
 
 
 class ToolChoiceParam(WireModel):

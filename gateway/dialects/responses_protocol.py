@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-import jsonschema
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from toolflash.gateway.protocol import OpenAIBaseModel, ToolflashInfo
+from toolflash.gateway.protocol import OpenAIBaseModel, ToolflashInfo, checked_json_schema
 
 # ---------------------------------------------------------------- input items
 
@@ -161,14 +160,7 @@ class FunctionTool(OpenAIBaseModel):
     def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
         if schema is None:
             return None
-        validator = jsonschema.validators.validator_for(
-            schema, default=jsonschema.Draft202012Validator
-        )
-        try:
-            validator.check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            raise ValueError(f"not a valid JSON schema: {exc.message}") from None
-        return schema
+        return checked_json_schema(schema)
 
 
 class NamespaceTool(OpenAIBaseModel):
