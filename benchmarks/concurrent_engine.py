@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
+
 from toolflash.engine.api import GenerationRequest, TokenEvent
 from toolflash.engine.batching.batcher import EngineBatcher
 from toolflash.engine.factory import build_engine
@@ -27,7 +29,9 @@ from toolflash.engine.factory import build_engine
 PROMPTS = Path(__file__).resolve().parent.parent / "toolflash/assets/tiny/bench_prompts.jsonl"
 
 
-def requests(engine: Any, n: int, max_tokens: int) -> list[GenerationRequest]:
+def requests(
+    engine: Any, n: int, max_tokens: int, ignore_eos: bool = False
+) -> list[GenerationRequest]:
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
     kinds = sorted({r["kind"] for r in rows})
     by_kind = {k: [r for r in rows if r["kind"] == k] for k in kinds}
@@ -37,6 +41,7 @@ def requests(engine: Any, n: int, max_tokens: int) -> list[GenerationRequest]:
             tuple(engine.encode_chat(r["messages"], r.get("tools"), r.get("chat_template_kwargs"))),
             max_tokens,
             mode="spec",
+            ignore_eos=ignore_eos,
         )
         for r in picked
     ]
@@ -73,16 +78,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--modes", default="ar,spec", help="batched row modes to run (comma list)")
+    p.add_argument(
+        "--ignore-eos", action="store_true", help="every request runs --max-tokens (random weights)"
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     engine = build_engine(args.model)
-    reqs = requests(engine, args.prompts, args.max_tokens)
+    reqs = requests(engine, args.prompts, args.max_tokens, args.ignore_eos)
     reference = serial(engine, reqs)  # also the warm-up
     tokens = sum(len(t) for t in reference)
     configs: dict[str, Any] = {"serial": lambda: serial(engine, reqs)}
     for k in (int(r) for r in args.rows.split(",")):
-        configs[f"ar {k}"] = lambda k=k: batched(engine, reqs, k, spec_rows=0)
-        configs[f"spec {k}"] = lambda k=k: batched(engine, reqs, k, spec_rows=k)
+        if "ar" in args.modes.split(","):
+            configs[f"ar {k}"] = lambda k=k: batched(engine, reqs, k, spec_rows=0)
+        if "spec" in args.modes.split(","):
+            configs[f"spec {k}"] = lambda k=k: batched(engine, reqs, k, spec_rows=k)
     walls: dict[str, list[float]] = {name: [] for name in configs}
     differ: dict[str, int] = dict.fromkeys(configs, 0)
     for rep in range(args.repeats):
@@ -109,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model,
         "prompts": args.prompts,
         "max_tokens": args.max_tokens,
+        "ignore_eos": args.ignore_eos,
+        "device": str(mx.default_device()),
         "completion_tokens": tokens,
         "results": rows,
         "machine": platform.platform(),

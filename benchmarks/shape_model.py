@@ -1,0 +1,88 @@
+"""Write a random-weight target of a real model's shape as a local model folder, so every
+benchmark that takes `--model` (and mlx-lm's own loader) can time that shape on a device:
+
+    python benchmarks/shape_model.py --shape qwen3-8b --out /tmp/qwen3-8b-shape
+
+The weights are random (mlx-lm's own initialisation, stored in `--dtype`), so only costs mean
+anything: acceptance, text and end-of-turn do not. The tokenizer and chat template are the
+embedded tiny family's; the folder keeps the real vocabulary size (the lm_head's cost is part
+of the shape), so generated ids beyond the tokenizer decode to nothing. Benchmarks that read
+text should stop by length (EOS ignored). The shapes are `cycle_costs.SHAPES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from cycle_costs import SHAPES, build_target
+from mlx.utils import tree_flatten
+
+TOKENIZER = Path(__file__).resolve().parent.parent / "toolflash/assets/tiny/qwen3-tiny"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
+
+
+def config_for(shape: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """The HF-style config.json mlx-lm's loader reads for this shape (qwen3 family only:
+    the hybrid family's loader renames HF weights, which a folder of mlx-lm names would defeat)."""
+    if shape["family"] != "qwen3":
+        raise SystemExit(f"shape_model writes qwen3-family shapes only, not {shape['family']}")
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": shape["hidden"],
+        "num_hidden_layers": shape["layers"],
+        "intermediate_size": shape["inter"],
+        "num_attention_heads": shape["heads"],
+        "num_key_value_heads": shape["kv"],
+        "head_dim": shape["head_dim"],
+        "rms_norm_eps": 1e-6,
+        "vocab_size": shape["vocab"],
+        "max_position_embeddings": 40960,
+        "rope_theta": 1e6,
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+        "torch_dtype": dtype,
+    }
+
+
+def write(shape_name: str, out: Path, dtype: str) -> Path:
+    shape = SHAPES[shape_name]
+    config = config_for(shape, dtype)
+    mx.random.seed(0)
+    model = build_target(shape, DTYPES[dtype]).model
+    out.mkdir(parents=True, exist_ok=True)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        shutil.copy(TOKENIZER / name, out / name)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    write(args.shape, args.out, args.dtype)
+    size = sum(f.stat().st_size for f in args.out.iterdir()) / 2**30
+    print(f"{args.shape} -> {args.out} ({size:.2f} GiB, {time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
