@@ -34,9 +34,30 @@ class Qwen3Target(DecoderStack):
         position_shift: int = 0,
     ) -> ForwardResult:
         h = self.embed(tokens)
+        h, captured, _ = self.run_layers(
+            h, range(self.num_layers), cache, capture, False, position_shift
+        )
+        return ForwardResult(
+            logits=self.finish(h, last_logits_only),
+            features=features_in_order(captured, capture),
+            tokens=int(tokens.shape[1]),
+        )
+
+    def run_layers(
+        self,
+        h: mx.array,
+        layers: range,
+        cache: Sequence[Any],
+        capture: Sequence[int],
+        keep_tape: bool,
+        position_shift: int,
+    ) -> tuple[mx.array, list[mx.array], dict[int, Any]]:
+        """Decoder layers `layers` on `h` (`cache[j]` is layer layers[j]'s): the output, the
+        outputs of layers in `capture` (in layer order), and the tape (none: KV trims)."""
         mask = create_attention_mask(h, cache[0])
         captured = []
-        for i, (layer, c) in enumerate(zip(self.layers, cache)):
+        for i, c in zip(layers, cache):
+            layer = self.layers[i]
             if (
                 position_shift
                 or self.attention_kernel is not None
@@ -50,14 +71,16 @@ class Qwen3Target(DecoderStack):
                 h = layer(h, mask, c)
             if i in capture:
                 captured.append(h)
-        return ForwardResult(
-            logits=self.finish(h, last_logits_only),
-            features=features_in_order(captured, capture),
-            tokens=int(tokens.shape[1]),
-        )
+        return h, captured, {}
 
     def rollback(self, cache: list[Any], result: ForwardResult, keep: int) -> None:
-        drop = result.tokens - keep
+        self.rollback_layers(cache, result.tape, result.tokens, keep)
+
+    def rollback_layers(
+        self, cache: Sequence[Any], tape: dict[int, Any], tokens: int, keep: int
+    ) -> None:
+        """Keep the first `keep` of the last forward's `tokens` in `cache` (a KV trim)."""
+        drop = tokens - keep
         if drop > 0:
             for c in cache:
                 c.trim(drop)

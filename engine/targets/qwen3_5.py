@@ -82,7 +82,6 @@ class Qwen35Target(DecoderStack):
     def __init__(self, model: Any):
         super().__init__(model, model.language_model if hasattr(model, "language_model") else model)
         self.conv_keep = int(self.text.args.linear_conv_kernel_dim) - 1
-        self.first_attention = next(i for i, layer in enumerate(self.layers) if not layer.is_linear)
 
     def make_cache(self) -> list[Any]:
         return [ArraysCache(size=2) if layer.is_linear else KVCache() for layer in self.layers]
@@ -97,13 +96,39 @@ class Qwen35Target(DecoderStack):
         position_shift: int = 0,
     ) -> ForwardResult:
         h = self.embed(tokens)
-        mask = create_attention_mask(h, cache[self.first_attention])
+        h, captured, tape = self.run_layers(
+            h, range(self.num_layers), cache, capture, keep_tape, position_shift
+        )
+        return ForwardResult(
+            logits=self.finish(h, last_logits_only),
+            features=features_in_order(captured, capture),
+            tokens=int(tokens.shape[1]),
+            tape=tape,
+        )
+
+    def run_layers(
+        self,
+        h: mx.array,
+        layers: range,
+        cache: Sequence[Any],
+        capture: Sequence[int],
+        keep_tape: bool,
+        position_shift: int,
+    ) -> tuple[mx.array, list[mx.array], dict[int, Any]]:
+        """Decoder layers `layers` on `h` (`cache[j]` is layer layers[j]'s): the output, the
+        outputs of layers in `capture` (in layer order), and the GatedDeltaNet tapes keyed by
+        position in `cache`."""
+        # The mask follows the slice's first attention layer's cache (batched caches make an
+        # array mask for left-padded rows); a slice of GatedDeltaNet layers only needs none.
+        attention = next((c for i, c in zip(layers, cache) if not self.layers[i].is_linear), None)
+        mask = create_attention_mask(h, attention)
         captured = []
         tape: dict[int, Any] = {}
-        for i, (layer, c) in enumerate(zip(self.layers, cache)):
+        for j, (i, c) in enumerate(zip(layers, cache)):
+            layer = self.layers[i]
             x = layer.input_layernorm(h)
             if layer.is_linear:
-                r, tape[i] = gated_delta_forward(layer.linear_attn, x, c, keep_tape)
+                r, tape[j] = gated_delta_forward(layer.linear_attn, x, c, keep_tape)
             elif position_shift or self.attention_kernel is not None:
                 attn = layer.self_attn
                 r = qwen3_next_attention_at(attn, x, mask, c, position_shift, self.attention_kernel)
@@ -113,21 +138,23 @@ class Qwen35Target(DecoderStack):
             h = h + self.mlp(layer, layer.post_attention_layernorm(h))
             if i in capture:
                 captured.append(h)
-        return ForwardResult(
-            logits=self.finish(h, last_logits_only),
-            features=features_in_order(captured, capture),
-            tokens=int(tokens.shape[1]),
-            tape=tape,
-        )
+        return h, captured, tape
 
     def rollback(self, cache: list[Any], result: ForwardResult, keep: int) -> None:
-        drop = result.tokens - keep
+        self.rollback_layers(cache, result.tape, result.tokens, keep)
+
+    def rollback_layers(
+        self, cache: Sequence[Any], tape: dict[int, Any], tokens: int, keep: int
+    ) -> None:
+        """Keep the first `keep` of the last forward's `tokens` in `cache` (`tape`: that
+        forward's, keyed by position in `cache`)."""
+        drop = tokens - keep
         if drop <= 0:
             return
-        for i, c in enumerate(cache):
+        for j, c in enumerate(cache):
             if isinstance(c, KVCache):
                 c.trim(drop)
                 continue
-            layer_tape: GdnTape = result.tape[i]
+            layer_tape: GdnTape = tape[j]
             c[0] = layer_tape.conv_input[:, keep : keep + self.conv_keep, :]
             c[1] = layer_tape.states[keep - 1] if keep > 0 else layer_tape.prior
