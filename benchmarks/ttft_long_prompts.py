@@ -25,6 +25,7 @@ history tokens right after the system prompt; the last turn and the generation h
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -124,6 +125,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from toolflash.engine.factory import build_engine
 
     engine = build_engine(args.model, cache=CacheConfig(enabled=False))
+    if args.prefill_chunk:
+        engine.options = dataclasses.replace(engine.options, prefill_chunk=args.prefill_chunk)
     keeps = [float(k) for k in args.keeps.split(",")] if args.keeps else []
     lengths = [int(x) for x in args.lengths.split(",")]
     variants = ["mlx-lm", "dense", *(f"sparse-{k:g}" for k in keeps)]
@@ -275,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--keeps", default="0.5,0.25,0.125")
     ap.add_argument("--scorer", default="structural")
     ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--prefill-chunk", type=int, default=0, help="the engine's (default: its own)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="default results/ttft_long_prompts_<model>.json")

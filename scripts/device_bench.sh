@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # On the device, after scripts/device_install.sh install: the H200 figures of the speed (#25),
 # long-prompt (#28) and batching (#31) issues on a random-weight target of a real shape.
-#   bash scripts/device_bench.sh [shape] [what...]   (what: ar prefill batch; default all)
+#   bash scripts/device_bench.sh [shape] [what...]   (what: ar chunks prefill batch; default all)
 # Reports land in $OUT (the device tool brings them back) or ./device_out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+repo=$PWD
 eval "$(bash scripts/device_install.sh env)"
 export PYTHONUNBUFFERED=1
 shape=${1:-qwen3-8b}; shift || true
-what=${*:-ar prefill batch}
+what=${*:-ar chunks prefill batch}
 out=${OUT:-device_out}; mkdir -p "$out"
 model=/root/shape-$shape
 [ -f "$model/config.json" ] || python3 benchmarks/shape_model.py --shape "$shape" --out "$model"
@@ -16,12 +17,19 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 for w in $what; do
   case $w in
     ar)  # AR against plain mlx-lm, same weights and ids, EOS ignored (random weights)
-      timeout 240 python3 -m toolflash.cli bench --baseline mlx-lm --model "$model" --variants ar \
+      # From another folder: the checkout's toolflash/ would shadow the installed package.
+      (cd /tmp && timeout 240 python3 -m toolflash.cli bench --baseline mlx-lm --model "$model" --variants ar \
         --stop length --per-kind 2 --repeats 3 --max-tokens 128 --no-progress \
-        --json "$out/h200_baseline_ar_$shape.json" 2>&1 | grep -v "\[debug" ;;
-    prefill)  # dense (and sparse) prefill against mlx-lm
+        --json "$out/h200_baseline_ar_$shape.json") 2>&1 | grep -v "\[debug" ;;
+    prefill|prefill-*)  # dense (and sparse) prefill against mlx-lm; prefill-N: engine chunk N
+      chunk=${w#prefill}; chunk=${chunk#-}
       timeout 300 python3 benchmarks/ttft_long_prompts.py --model "$model" --lengths 4096,16384 \
-        --keeps 0.5 --repeats 3 --json "$out/h200_ttft_$shape.json" 2>&1 | grep -v "\[debug" ;;
+        --keeps 0.5 --repeats 3 --prefill-chunk "${chunk:-0}" \
+        --json "$out/h200_ttft_$shape${chunk:+_chunk$chunk}.json" 2>&1 | grep -v "\[debug" ;;
+    chunks)  # dense prefill per chunk size, toolflash's session against mlx-lm's model
+      timeout 240 python3 benchmarks/prefill_chunks.py --model "$model" --length 16384 \
+        --chunks 512,2048,4096 --repeats 3 --json "$out/h200_prefill_chunks_$shape.json" \
+        2>&1 | grep -v "\[debug" ;;
     batch)  # one request at a time against batched AR rows
       timeout 300 python3 benchmarks/concurrent_engine.py --model "$model" --rows 4,8 --prompts 16 \
         --max-tokens 128 --modes ar --ignore-eos --repeats 3 \

@@ -23,6 +23,6 @@ case "${1:-install}" in
     PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation \
         --no-compile --target /tmp/site .
     eval "$(env_lines)"
-    python3 -c "import mlx.core as mx, toolflash.engine.factory; print('mlx', mx.__version__, mx.default_device())"
+    (cd /tmp && python3 -c "import mlx.core as mx, toolflash.engine.factory; print('mlx', mx.__version__, mx.default_device())")
     ;;
 esac
