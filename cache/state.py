@@ -12,7 +12,8 @@ from typing import Any, Literal
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-LayerKind = Literal["kv", "recurrent"]
+# "remote": layers held by other processes (a pipeline target's ranks), by reference.
+LayerKind = Literal["kv", "recurrent", "remote"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,11 @@ class SessionState:
 
 
 def export_cache(cache: list[Any]) -> tuple[LayerState, ...]:
-    """Snapshot per-layer target caches (views of the used part, no copies)."""
+    """Snapshot per-layer target caches (views of the used part, no copies). A cache that
+    exports itself (a pipeline target's, engine/targets/pipeline.py) does so."""
+    exporter = getattr(cache, "export_layers", None)
+    if exporter is not None:
+        return tuple(exporter())
     layers = []
     for c in cache:
         if isinstance(c, KVCache):
@@ -89,6 +94,10 @@ def export_cache(cache: list[Any]) -> tuple[LayerState, ...]:
 
 def restore_cache(cache: list[Any], layers: tuple[LayerState, ...]) -> None:
     """Load `layers` into fresh caches of the same layout."""
+    restorer = getattr(cache, "restore_layers", None)
+    if restorer is not None:
+        restorer(layers)
+        return
     if len(cache) != len(layers):
         raise ValueError(f"state has {len(layers)} layers, the target {len(cache)}")
     for c, layer in zip(cache, layers, strict=True):

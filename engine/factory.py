@@ -51,8 +51,11 @@ def read_model_type(path: Path) -> str:
     return str(config.get("model_type") or text.get("model_type") or "")
 
 
-def load_target(path: Path, dtype: mx.Dtype | None = None) -> tuple[TargetAdapter, Any, dict]:
-    """Load an mlx-lm target directory and wrap it in its family's adapter."""
+def load_target(
+    path: Path, dtype: mx.Dtype | None = None, lazy: bool = False
+) -> tuple[TargetAdapter, Any, dict]:
+    """Load an mlx-lm target directory and wrap it in its family's adapter (`lazy`: no weight
+    is read yet; a pipeline rank reads only its own layers')."""
     from mlx_lm.utils import load
 
     model_type = read_model_type(path)
@@ -62,15 +65,29 @@ def load_target(path: Path, dtype: mx.Dtype | None = None) -> tuple[TargetAdapte
             f"model family '{model_type}' ({path}) is not supported; supported: "
             f"{', '.join(sorted(TARGET_ADAPTERS))}"
         )
-    loaded = load(str(path))
+    loaded = load(str(path), lazy=lazy)
     model, tokenizer = loaded[0], loaded[1]
     if dtype is None and mx.default_device() == mx.cpu:
         dtype = mx.float32  # only float32 reaches BLAS on CPU
     if dtype is not None:
         model.set_dtype(dtype)
-    mx.eval(model.parameters())
+    if not lazy:
+        mx.eval(model.parameters())
     config = json.loads((path / "config.json").read_text())
     return adapter_cls(model), tokenizer, config
+
+
+def locate_target(model: str | None) -> Path:
+    """The target directory of `model` (None: the default embedded pair)."""
+    if model is None or model in EMBEDDED_PAIRS:
+        path = assets_dir() / EMBEDDED_PAIRS[model or EMBEDDED_MODEL][0]
+        if not (path / "config.json").exists():
+            raise EngineError(
+                f"the embedded tiny model is missing at {path}; rebuild it with "
+                "`toolflash zoo build` or pass --model"
+            )
+        return path
+    return resolve_model_path(model)
 
 
 def build_engine(
@@ -84,29 +101,28 @@ def build_engine(
     context_length: int | None = None,
     no_draft: bool = False,
     cache: CacheConfig | None = None,
+    pipeline: Any = None,
 ) -> DFlashEngine:
     """Load target and drafter and return the engine. model=None serves the default embedded
     tiny pair, an id of `EMBEDDED_PAIRS` that pair; draft=None looks any other target up in
-    the registry of published DFlash drafts."""
+    the registry of published DFlash drafts. `pipeline` (an mx.distributed group, this process
+    its rank 0) splits the target's layers across the group's ranks (engine/distributed.py)."""
     embedded_draft = False  # the embedded pair's own drafter (its id follows the model's)
+    target_path = locate_target(model)
     if model is None or model in EMBEDDED_PAIRS:
         model_id = model or EMBEDDED_MODEL
-        target_dir, draft_dir = EMBEDDED_PAIRS[model_id]
-        base = assets_dir()
-        target_path = base / target_dir
-        if not (target_path / "config.json").exists():
-            raise EngineError(
-                f"the embedded tiny model is missing at {target_path}; rebuild it with "
-                "`toolflash zoo build` or pass --model"
-            )
         embedded_draft = draft is None
-        draft = draft or str(base / draft_dir)
+        draft = draft or str(assets_dir() / EMBEDDED_PAIRS[model_id][1])
     else:
-        target_path = resolve_model_path(model)
         model_id = model
         if draft is None and not no_draft:
             draft = draft_for(model)
-    target, tokenizer, config = load_target(target_path)
+    if pipeline is not None:
+        from .distributed import load_pipeline_target
+
+        target, tokenizer, config = load_pipeline_target(target_path, pipeline)
+    else:
+        target, tokenizer, config = load_target(target_path)
     drafter = None
     draft_id = None
     if draft is not None and not no_draft:
