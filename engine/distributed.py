@@ -18,9 +18,14 @@ import structlog
 
 from .api import EngineError
 from .targets.base import TargetAdapter
-from .targets.pipeline import PipelineTarget, Ring, Stage, serve_stage, split_layers
+from .targets.pipeline import PipelineTarget, Stage, serve_stage, split_layers
+from .targets.pipeline_ring import Ring, RingGroup, join
 
 log = structlog.get_logger(__name__)
+
+# How long rank 0 waits for the pipeline's answer to one forward before it declares a rank
+# lost: far above any forward's time (a long prefill chunk of a large model over Ethernet).
+DEFAULT_TIMEOUT_S = 120.0
 
 
 def launched() -> bool:
@@ -28,8 +33,9 @@ def launched() -> bool:
     return "MLX_RANK" in os.environ and "MLX_HOSTFILE" in os.environ
 
 
-def init_group() -> Any:
-    """The ring group of the launched ranks (at least 2)."""
+def init_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> RingGroup:
+    """The ring group of the launched ranks (at least 2); rank 0 declares the pipeline lost
+    when an answer takes longer than `timeout_s`."""
     if not launched():
         raise EngineError(
             "a distributed target needs its ranks started by mlx.launch "
@@ -37,14 +43,14 @@ def init_group() -> Any:
         )
     if not mx.distributed.is_available():
         raise EngineError("this MLX build has no distributed backend")
-    group = mx.distributed.init(strict=True, backend="ring")
-    if group.size() < 2:
+    group = join(timeout_s)
+    if group.size < 2:
         raise EngineError("a distributed target needs at least 2 ranks")
-    log.info("pipeline.joined", rank=group.rank(), ranks=group.size())
+    log.info("pipeline.joined", rank=group.rank, ranks=group.size, ring_sockets=len(group.fds))
     return group
 
 
-def load_stage(path: Path, group: Any) -> tuple[Any, Any, dict, list[range]]:
+def load_stage(path: Path, group: RingGroup) -> tuple[Any, Any, dict, list[range]]:
     """This rank's family adapter (only its layers' weights read), the tokenizer, the config,
     and every rank's layer slice."""
     from .factory import load_target
@@ -52,8 +58,8 @@ def load_stage(path: Path, group: Any) -> tuple[Any, Any, dict, list[range]]:
     loaded = load_target(path, lazy=True)
     adapter: Any = loaded[0]  # a DecoderStack family adapter (its layers, head, embedding)
     tokenizer, config = loaded[1], loaded[2]
-    slices = split_layers(adapter.num_layers, group.size())
-    rank = group.rank()
+    slices = split_layers(adapter.num_layers, group.size)
+    rank = group.rank
     owned = [adapter.layers[i].parameters() for i in slices[rank]]
     if rank == 0:
         inner = adapter.inner
@@ -65,7 +71,7 @@ def load_stage(path: Path, group: Any) -> tuple[Any, Any, dict, list[range]]:
     return adapter, tokenizer, config, slices
 
 
-def load_pipeline_target(path: Path, group: Any) -> tuple[TargetAdapter, Any, dict]:
+def load_pipeline_target(path: Path, group: RingGroup) -> tuple[TargetAdapter, Any, dict]:
     """Rank 0's target over the group (the other ranks run `serve_rank`). Its caches are
     `PipelineCache`s, not lists: the session only hands them back to the target and to
     `export_cache` / `restore_cache`, which take them through their hooks."""
@@ -73,18 +79,18 @@ def load_pipeline_target(path: Path, group: Any) -> tuple[TargetAdapter, Any, di
     return cast(TargetAdapter, PipelineTarget(adapter, group, slices)), tokenizer, config
 
 
-def serve_rank(model: str | None, group: Any) -> int:
+def serve_rank(model: str | None, group: RingGroup) -> int:
     """A rank other than 0: load its slice of `model` and serve rank 0 until it stops the
     pipeline (0) or a neighbour is lost (1)."""
     from .factory import locate_target
 
-    if group.rank() == 0:
+    if group.rank == 0:
         raise ValueError("rank 0 builds the engine; serve_rank is for the others")
     adapter, _, _, slices = load_stage(locate_target(model), group)
-    stage = Stage(adapter, slices[group.rank()])
+    stage = Stage(adapter, slices[group.rank])
     try:
         serve_stage(stage, Ring(group), slices, adapter.hidden_size)
     except (RuntimeError, EngineError) as exc:  # a neighbour closed its connection, or nonsense
-        log.error("pipeline.rank_lost", rank=group.rank(), detail=str(exc))
+        log.error("pipeline.rank_lost", rank=group.rank, detail=str(exc))
         return 1
     return 0

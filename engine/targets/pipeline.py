@@ -35,6 +35,7 @@ from toolflash.cache.state import LayerState, export_cache, restore_cache
 
 from ..api import EngineError
 from .base import ForwardResult, features_in_order
+from .pipeline_ring import Ring, RingGroup, RingTimeout
 
 log = structlog.get_logger(__name__)
 
@@ -120,29 +121,6 @@ def result_rows(cmd: Command, slices: Sequence[range]) -> int:
     logits are needed and no remote layer is captured."""
     remote = carried_layers(cmd.capture, slices, len(slices))
     return 1 if cmd.last_only and not remote else cmd.tokens
-
-
-class Ring:
-    """Send and receive with the neighbours, every transfer evaluated at once."""
-
-    def __init__(self, group: Any):
-        self.group = group
-        self.rank, self.size = group.rank(), group.size()
-        self.next, self.prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size
-
-    def send(self, x: mx.array) -> None:
-        mx.eval(mx.distributed.send(x, self.next, group=self.group))
-
-    def recv(self, shape: Sequence[int], dtype: mx.Dtype) -> mx.array:
-        out = mx.distributed.recv(tuple(shape), dtype, self.prev, group=self.group)
-        mx.eval(out)
-        return out
-
-    def send_command(self, cmd: Command) -> None:
-        self.send(cmd.encode())
-
-    def recv_command(self) -> Command:
-        return Command.decode(self.recv((HEADER_WORDS,), mx.int32))
 
 
 class Stage:
@@ -236,7 +214,7 @@ class PipelineCache:
 class PipelineTarget:
     """Rank 0's `TargetAdapter` over a target split across the ranks of `group`."""
 
-    def __init__(self, adapter: Any, group: Any, slices: Sequence[range] | None = None):
+    def __init__(self, adapter: Any, group: RingGroup, slices: Sequence[range] | None = None):
         self.adapter = adapter
         self.family = adapter.family
         self.model = adapter.model
@@ -244,6 +222,7 @@ class PipelineTarget:
         self.num_layers = adapter.num_layers
         self.vocab_size = adapter.vocab_size
         self.ring = Ring(group)
+        self.timeout_s = group.timeout_s
         if self.ring.rank != 0:
             raise ValueError("PipelineTarget runs on rank 0 (the others run serve_stage)")
         self.slices = list(slices or split_layers(adapter.num_layers, self.ring.size))
@@ -358,18 +337,21 @@ class PipelineTarget:
         while self._freed:
             freed = self._freed.pop()
             self.stage.free(freed.cache_id)
-            self._guarded(self.ring.send_command, freed)
-        self._guarded(self.ring.send_command, cmd)
+            self._guarded(self._send_command, freed)
+        self._guarded(self._send_command, cmd)
 
     def _exchange(self, h: mx.array, shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
         self._guarded(self.ring.send, h)
-        out: mx.array = self._guarded(self.ring.recv, shape, dtype)
+        out: mx.array = self._guarded(self.ring.recv, shape, dtype, self.timeout_s)
         return out
+
+    def _send_command(self, cmd: Command) -> None:
+        self.ring.send(cmd.encode())
 
     def _guarded(self, fn: Any, *args: Any) -> Any:
         try:
             return fn(*args)
-        except RuntimeError as exc:
+        except (RuntimeError, RingTimeout) as exc:
             self._failure = f"pipeline rank lost: {exc}"
             log.error("pipeline.failed", detail=str(exc), ranks=self.ring.size)
             raise PipelineError(self._failure) from exc
@@ -384,9 +366,9 @@ def serve_stage(stage: Stage, ring: Ring, slices: Sequence[range], hidden: int) 
     until a neighbour is lost: MLX's ring raises, and the caller's process exits)."""
     last = ring.rank == ring.size - 1
     while True:
-        cmd = ring.recv_command()
+        cmd = Command.decode(ring.recv((HEADER_WORDS,), mx.int32))
         if not last:
-            ring.send_command(cmd)
+            ring.send(cmd.encode())
         if cmd.op == STOP:
             log.info("pipeline.stop", rank=ring.rank)
             return
