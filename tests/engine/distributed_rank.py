@@ -1,6 +1,6 @@
 """One rank of a local pipeline for tests/engine/test_distributed.py, started with MLX_RANK and
 MLX_HOSTFILE set as mlx.launch sets them. Rank 0 builds the engine over the pipeline, runs the
-requests given as JSON (argv[1]) and prints each one's output tokens as a JSON line; the other
+requests given as JSON (argv[1]) and prints each one's `run_request` as a JSON line; the other
 ranks serve their layers until rank 0 closes the pipeline.
 
 With "wait_after" in the spec, rank 0 prints "ready" after that many requests and reads a line
@@ -10,23 +10,26 @@ it met. "timeout_s": how long rank 0 waits for the pipeline's answer."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from toolflash.engine.api import EngineError, GenerationRequest, TokenEvent
+from toolflash.engine.api import EngineError, FinishEvent, GenerationRequest, TokenEvent
 
 
-def run_request(engine: Any, spec: Mapping[str, Any], policy: Any = None) -> list[int]:
-    """The output tokens of one request: {"prompt": ids, "mode", "max_tokens", "plan": {cycle:
-    mode}, "policy": bool (the adaptive policy chooses the modes)}."""
+def run_request(engine: Any, spec: Mapping[str, Any], policy: Any = None) -> dict[str, Any]:
+    """The output tokens of one request and the prompt tokens restored from the prefix cache:
+    {"prompt": ids, "mode", "max_tokens", "plan": {cycle: mode}, "policy": bool (the adaptive
+    policy chooses the modes), "publish_at": prompt positions to snapshot}."""
     request = GenerationRequest(
         tuple(spec["prompt"]),
         int(spec["max_tokens"]),
         mode=spec.get("mode", "spec"),
         mode_plan={int(k): v for k, v in spec.get("plan", {}).items()},
         ignore_eos=True,
+        publish_at=tuple(spec.get("publish_at", ())),
     )
     controller = None
     if spec.get("policy"):
@@ -37,10 +40,13 @@ def run_request(engine: Any, spec: Mapping[str, Any], policy: Any = None) -> lis
         )
         controller = policy.controller_for(engine.model_id, klass, False)
     tokens: list[int] = []
+    cached = 0
     for event in engine.generate(request, controller=controller):
         if isinstance(event, TokenEvent):
             tokens.extend(event.token_ids)
-    return tokens
+        elif isinstance(event, FinishEvent):
+            cached = event.stats.cached_tokens
+    return {"tokens": tokens, "cached": cached}
 
 
 def adaptive_policy(state_dir: str) -> Any:
@@ -70,7 +76,8 @@ def main() -> int:
             print(json.dumps(run_request(engine, request, policy)), flush=True)
     except EngineError as exc:
         print(json.dumps({"error": type(exc).__name__, "detail": str(exc)}), flush=True)
-        return 0
+        # MLX's ring teardown at exit may wait on a peer that stopped answering.
+        os._exit(0)
     engine.target.close()
     return 0
 

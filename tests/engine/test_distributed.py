@@ -87,13 +87,13 @@ def stop(processes: Sequence[subprocess.Popen]) -> None:
 
 def requests_for(engine: Any) -> list[dict[str, Any]]:
     """Each prompt in AR, spec, spec with switches to AR and back, lookup, and under the
-    policy (a second request of a prompt restores the first one's prefix-cache snapshot)."""
+    policy (the first request snapshots the prompt's head, the others restore it)."""
     out: list[dict[str, Any]] = []
     for text in PROMPTS:
         prompt = engine.encode(text)
         base = {"prompt": prompt, "max_tokens": MAX_TOKENS}
         out += [
-            {**base, "mode": "ar"},
+            {**base, "mode": "ar", "publish_at": [len(prompt) - 2]},
             {**base, "mode": "spec"},
             {**base, "mode": "spec", "plan": {"1": "ar", "3": "spec", "4": "ar", "6": "spec"}},
             {**base, "mode": "lookup"},
@@ -109,7 +109,7 @@ def reference(request: Any) -> Iterator[tuple[str, list[dict[str, Any]], list[li
 
     engine = build_engine(request.param)
     requests = requests_for(engine)
-    outputs = [run_request(engine, r) for r in requests if not r.get("policy")]
+    outputs = [run_request(engine, r)["tokens"] for r in requests if not r.get("policy")]
     by_prompt = {tuple(r["prompt"]): o for r, o in zip(requests, outputs) if r["mode"] == "ar"}
     # Greedy decoding is lossless in every mode: the policy's output is the AR output.
     yield request.param, requests, [by_prompt[tuple(r["prompt"])] for r in requests]
@@ -127,9 +127,11 @@ def test_pipeline_matches_single_process(
         codes = [p.wait(timeout=30) for p in processes]
     finally:
         stop(processes)
-    got = [json.loads(line) for line in out.splitlines() if line.startswith("[")]
+    got = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert codes == [0] * ranks
-    assert got == expected
+    assert [g["tokens"] for g in got] == expected
+    # Snapshots crossed the pipeline: every request after a prompt's first restored its head.
+    assert [g["cached"] > 0 for g in got] == [i % 5 > 0 for i in range(len(requests))]
 
 
 @pytest.mark.parametrize("fault", ["killed", "stopped"])
