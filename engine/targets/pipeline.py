@@ -327,7 +327,10 @@ class PipelineTarget:
         """Stop the other ranks' serve loops (they exit); the target is unusable after."""
         with self._lock:
             if self._failure is None:
-                self._send(Command(STOP))
+                try:
+                    self._send(Command(STOP))
+                except PipelineError:
+                    return  # a rank is gone already: nothing to stop
                 self._failure = "the pipeline was closed"
 
     # -- the ring ------------------------------------------------------------------------

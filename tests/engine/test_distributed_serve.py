@@ -1,0 +1,127 @@
+"""`toolflash serve --distributed`: the hostfile checks, the ring addresses of ranks started by
+hand, and a 2-rank server over loopback answering as a single-process server does, then a
+clear error in the API's shape once a rank is gone (processes started here, stopped by PID)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolflash.commands.serve_distributed import check_hostfile, launch_command, ring_addresses
+from toolflash.commands.settings_cli import SettingsError
+
+MODEL = "toolflash-tiny-qwen35"
+
+
+def test_hostfile_checks_and_ring_addresses(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts.json"
+    hosts = [{"ssh": "mac1", "ips": ["10.0.0.1"]}, {"ssh": "mac2", "ips": ["10.0.0.2", "10.0.1.2"]}]
+    hostfile.write_text(json.dumps({"backend": "ring", "hosts": hosts}))
+    assert check_hostfile(str(hostfile)) == 2
+    # As mlx.launch numbers them: one port per address, counting up across hosts.
+    assert ring_addresses(str(hostfile), 40000) == [
+        ["10.0.0.1:40000"],
+        ["10.0.0.2:40001", "10.0.1.2:40002"],
+    ]
+    command = launch_command(str(hostfile), 2, ["serve", "--distributed", str(hostfile)])
+    assert command[command.index("--hostfile") + 1] == str(hostfile)
+    assert command[command.index("--backend") + 1] == "ring"
+    assert command[-4:] == ["toolflash.cli", "serve", "--distributed", str(hostfile)]
+    for bad in ([{"ssh": "mac1", "ips": ["10.0.0.1"]}], [{"ssh": "a"}, {"ssh": "b"}], "{"):
+        hostfile.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+        with pytest.raises(SettingsError):
+            check_hostfile(str(hostfile))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve(port: int, extra: list[str], env: dict[str, str]) -> subprocess.Popen:
+    command = [sys.executable, "-m", "toolflash.cli", "serve", "--port", str(port)]
+    command += ["--model", MODEL, "--policy", "off", "--no-calibrate", *extra]
+    return subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True
+    )
+
+
+def wait_ready(port: int, processes: list[subprocess.Popen], timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert all(p.poll() is None for p in processes), "a server exited while starting"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if json.loads(r.read()).get("status") == "ready":
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"port {port} not ready in {timeout} s")
+
+
+def chat(port: int, content: str) -> tuple[int, dict[str, Any]]:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 24,
+        "temperature": 0,
+    }
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"content-type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_distributed_server_matches_single_process(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts.json"
+    hosts = [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2
+    hostfile.write_text(json.dumps({"hosts": hosts}))
+    ring = tmp_path / "ring.json"  # free ports (ranks started by hand take 32323 and up)
+    ring.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(2)]))
+    env = {**os.environ, "MLX_HOSTFILE": str(ring)}
+    dist_port, single_port = free_port(), free_port()
+    ranks = [
+        serve(dist_port, ["--distributed", str(hostfile)], {**env, "MLX_RANK": str(rank)})
+        for rank in range(2)
+    ]
+    single = serve(single_port, [], dict(os.environ))
+    try:
+        wait_ready(dist_port, ranks)
+        wait_ready(single_port, [single])
+        for prompt in ("def add(a, b):", "The list of tools is"):
+            status, got = chat(dist_port, prompt)
+            _, want = chat(single_port, prompt)
+            assert status == 200
+            assert got["choices"][0]["message"] == want["choices"][0]["message"]
+            assert got["usage"]["completion_tokens"] == 24
+        ranks[1].kill()
+        ranks[1].wait(timeout=10)
+        status, failed = chat(dist_port, "def add(a, b):")
+        assert status >= 500
+        assert "pipeline rank lost" in failed["error"]["message"]
+        ranks[0].send_signal(signal.SIGTERM)
+        assert ranks[0].wait(timeout=30) is not None
+    finally:
+        for p in [*ranks, single]:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
