@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from toolflash.cache.config import CacheConfig
+from toolflash.commands import serve_distributed
 from toolflash.commands.options import adaptive_policy, policy_state_file
 from toolflash.commands.serve_settings import SECTIONS, ServeSettings
 from toolflash.commands.settings_cli import (
@@ -128,10 +129,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _engine_factory(args: argparse.Namespace, policy: Any = None) -> Any:
+def _engine_factory(
+    args: argparse.Namespace, policy: Any = None, pipeline: Any = None, built: list | None = None
+) -> Any:
     """The engine builder the worker thread runs. With an adaptive `policy`, the first serve
     of a pair on this machine also calibrates it there (unless --no-calibrate), while
-    /health still answers "loading"."""
+    /health still answers "loading". `pipeline`: the distributed group (this process its
+    rank 0); the engine built lands in `built`."""
     settings, gateway, cache = serve_settings(args), config_from_args(args), cache_config(args)
 
     def build() -> Any:
@@ -144,7 +148,10 @@ def _engine_factory(args: argparse.Namespace, policy: Any = None) -> Any:
             block_size=gateway.block_size,
             draft_length=settings.draft_length,
             cache=cache,
+            pipeline=pipeline,
         )
+        if built is not None:
+            built.append(engine)
         if policy is not None and settings.calibrate:
             _calibrate(engine, policy, progress=_bar_fits(settings))
         return engine
@@ -201,15 +208,19 @@ def startup_plan(settings: ServeSettings, gateway: GatewayConfig, policy: Any) -
     return plan
 
 
-def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
+def build_server(
+    args: argparse.Namespace, pipeline: Any = None, built: list | None = None
+) -> tuple[Any, list[BaseException]]:
     """The uvicorn server for these arguments, and the list a failed engine load lands in
-    (the load failure also stops the server)."""
+    (the load failure also stops the server). `pipeline`, `built`: as `_engine_factory`'s."""
     import structlog
     import uvicorn
 
     from toolflash.gateway.app import create_app
 
     settings, config = serve_settings(args), config_from_args(args)
+    if pipeline is not None:  # a pipeline target runs one sequence at a time (no batching)
+        config = config.model_copy(update={"max_batch": 1})
     failed: list[BaseException] = []
     holder: list[uvicorn.Server] = []
 
@@ -225,7 +236,7 @@ def build_server(args: argparse.Namespace) -> tuple[Any, list[BaseException]]:
         plan["upstreams"] = {p.model: list(p.urls) for p in upstreams.pools}
     structlog.get_logger("toolflash.serve").info("serve_starting", **plan)
     app = create_app(
-        _engine_factory(args, policy) if settings.local_model else None,
+        _engine_factory(args, policy, pipeline, built) if settings.local_model else None,
         config,
         on_load_failure=on_load_failure,
         controller_factory=(
@@ -278,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
             load_upstreams(settings.upstreams)
         elif not settings.local_model:
             raise SettingsError("--no-local-model needs --upstreams")
+        if settings.distributed and not settings.local_model:
+            raise SettingsError("--distributed splits the local model: not with --no-local-model")
     except (SettingsError, ValueError) as exc:
         print(f"toolflash serve: {exc}", file=sys.stderr)
         return 2
@@ -288,9 +301,32 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if settings.distributed and not serve_distributed.is_rank():
+        try:
+            return serve_distributed.launch(settings.distributed, sys.argv[1:])
+        except SettingsError as exc:
+            print(f"toolflash serve: {exc}", file=sys.stderr)
+            return 2
     configure_logging(json_lines=settings.log_format == "json", level=settings.log_level)
-    server, failed = build_server(args)
+    pipeline: Any = None
+    built: list[Any] = []
+    if settings.distributed:
+        from toolflash.engine.api import EngineError
+        from toolflash.engine.distributed import init_group, serve_rank
+
+        try:
+            serve_distributed.ring_env(settings.distributed)
+            pipeline = init_group()
+        except (EngineError, SettingsError) as exc:
+            print(f"toolflash serve: {exc}", file=sys.stderr)
+            return 1
+        if pipeline.rank != 0:
+            return serve_rank(settings.model, pipeline)
+    server, failed = build_server(args, pipeline, built)
     server.run()
+    if pipeline is not None:
+        for engine in built:  # the other ranks stop with rank 0
+            engine.target.close()
     if failed:
         print(f"toolflash serve: the engine failed to load: {failed[0]}", file=sys.stderr)
         return 1

@@ -75,6 +75,13 @@ class ServeSettings(BaseModel):
         " (another toolflash, mlx-lm, vLLM, SGLang, llama.cpp) through this gateway, each pool's"
         " keys declared in gateway/upstream_config.py (SERVER.md, Upstream pools)",
     )
+    distributed: str | None = Field(
+        default=None,
+        description="mlx.launch hostfile (JSON): split the target's layers across its hosts over"
+        " MLX's ring backend, the first host rank 0 (the drafter, the policy and this gateway,"
+        " one request at a time); run outside mlx.launch, serve starts the ranks through it"
+        " (SERVER.md, Distributed target)",
+    )
     local_model: bool = Field(
         default=True,
         description="load a local model; --no-local-model serves only the --upstreams pools",
