@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from toolflash.engine.api import GenerationRequest, Mode, OutputConstraint, ToolSpec
+from toolflash.engine.choosers import GreedyChooser
 from toolflash.engine.constraints import constraint_processors
 from toolflash.engine.constraints.processor import GrammarProcessor
 from toolflash.engine.factory import build_engine
-from toolflash.engine.selection import GreedyChooser
 from toolflash.engine.service import DFlashEngine
 from toolflash.engine.session import GenerationSession
 from toolflash.engine.stops import StopMatcher

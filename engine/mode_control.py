@@ -3,8 +3,8 @@
 The request sets the mode to start in (`mode`, and `mode_plan` to script switches at cycle
 indices); a `ModeController` (the adaptive policy), when there is one, decides between steps
 and replaces both; the adaptive draft length (`DraftLengthSchedule`) shortens the decided block
-after rejected drafts. `ModeControl` holds these for the engine's loop, so the loop only asks
-what the next step runs and reports what it did.
+after rejected drafts. `ModeControl` holds these for the request loop (`lane.Lane`), so the loop
+only asks what the next step runs and reports what it did.
 """
 
 from __future__ import annotations
@@ -90,11 +90,16 @@ class ModeControl:
         self.mode = self._planned()
         return self.mode, self._block(remaining)
 
-    def after_step(self, record: CycleRecord, tokens: Sequence[int], text: str) -> None:
+    def after_step(
+        self, record: CycleRecord, tokens: Sequence[int], text: str, judged: bool = True
+    ) -> None:
+        """Count the step and let the draft length and the controller see it. A step the
+        controller must not judge (`judged` False: a row of a batched forward, whose cost is
+        the batch's, while the surplus it learns is per request running alone) only counts."""
         self.steps += 1
         if self.schedule is not None:
             self.schedule.observe(record)
-        if self.controller is not None:
+        if judged and self.controller is not None:
             self._decide(self.controller.after_step(record, tokens, text))
 
     def prepare_next(self, session: GenerationSession, remaining: int) -> None:

@@ -1,11 +1,11 @@
-"""`DFlashEngine`: the `Engine` the gateway drives. Tokenizes, runs one session per request,
-turns committed tokens into text deltas (with stop strings cut exactly), and reports cycles."""
+"""`DFlashEngine`: the `Engine` the gateway drives. Holds the loaded models, the tokenizer and
+the prefix cache, renders and tokenizes chat prompts, and runs each request as a `Lane` (the
+request loop: session, mode control, stops, text, stats)."""
 
 from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,40 +16,26 @@ import structlog
 
 from toolflash.cache.key import SnapshotKey, template_hash
 from toolflash.cache.prefix_cache import PrefixCache
-from toolflash.cache.state import SessionState
 
 from .api import (
     DEFAULT_DRAFT_LENGTH,
-    ContextLengthError,
-    CycleRecord,
     DraftLength,
     EngineEvent,
-    FinishEvent,
     GenerationRequest,
-    GenerationStats,
     Mode,
     ModeController,
-    TokenEvent,
-    TokenLogprob,
-    TopLogprob,
 )
-from .choosers import build_chooser
 from .draft_context import DraftWindow
 from .drafter import DFlashDrafter
+from .lane import Lane
 from .lookup import LookupConfig
-from .mode_control import ModeControl
-from .sampling.logprobs import RawLogprob
-from .session import PREFILL_CHUNK, GenerationSession
+from .session import PREFILL_CHUNK
 from .sparse import SparseSelection
 from .sparse_scoring import MESSAGE_START, plan_sparse, prompt_layout
-from .stops import StopMatcher
 from .targets.base import TargetAdapter
-from .text import TextTracker, decodes_as_wrapper, fast_backend, max_token_chars
+from .text import decodes_as_wrapper, fast_backend, max_token_chars
 
 log = structlog.get_logger(__name__)
-
-# Release MLX's buffer cache this often (tokens) so long generations do not hold peak memory.
-CLEAR_CACHE_EVERY = 1024
 
 
 @dataclass(frozen=True)
@@ -257,165 +243,18 @@ class DFlashEngine:
         controller: ModeController | None = None,
     ) -> Iterator[EngineEvent]:
         """Prefill (reusing the longest cached prefix), then decode, as events: the prefill's
-        token, one event per cycle or AR step, a final `FinishEvent` with the stats."""
-        cache = self.prefix_cache
-        if cache is None:
-            yield from self._generate(request, cancel, controller)
-            return
-        # Background snapshot writes wait while a request runs (also when the consumer stops
-        # early: closing the generator runs the `finally`).
-        cache.request_started()
+        token, one event per cycle or AR step, a final `FinishEvent` with the stats. The
+        request's lane run alone (`Lane`: the same loop the batch scheduler interleaves)."""
+        lane = Lane(self, request, cancel, controller)
         try:
-            yield from self._generate(request, cancel, controller)
-        finally:
-            cache.request_finished()
+            while not lane.prefilled and not lane.done:
+                yield from lane.prefill_step()
+            while not lane.done:
+                yield from lane.solo_step()
+        finally:  # also when the consumer stops early (closing the generator)
+            lane.release()
 
-    def _generate(
-        self,
-        request: GenerationRequest,
-        cancel: threading.Event | None,
-        controller: ModeController | None,
-    ) -> Iterator[EngineEvent]:
-        prompt = list(request.prompt_tokens)
-        if not prompt or len(prompt) >= self.context_length:
-            raise ContextLengthError(len(prompt), request.max_tokens, self.context_length)
-        control = ModeControl(
-            request,
-            controller,
-            spec_block=request.block_size or self.default_block_size,
-            lookup_block=request.block_size or self.options.lookup.block_size,
-            drafter=self.drafter is not None,
-            draft_length=request.draft_length or self.options.draft_length,
-        )
-        session = self._session(request)
-        matcher = StopMatcher(
-            (frozenset() if request.ignore_eos else self.eos_ids) | request.stop_token_ids,
-            request.stop_strings,
-            min(request.max_tokens, self.context_length - len(prompt)),
-            self.decode,
-        )
-        text = TextTracker(self.decode, request.stop_strings, matcher.eos_ids)
-
-        # Prefill: the longest cached prefix restored, the rest computed, the controller's
-        # reads made beside it; the first token goes out before any state is published.
-        t0 = time.perf_counter()
-        control.prepare(len(prompt), self._submit)
-        first, restored, deferred = self._prefill(session, request, prompt)
-        prefill_s = time.perf_counter() - t0
-        t_decode = time.perf_counter()
-        finished = matcher.check([first]) is not None
-        first_text = text.push([first])
-        control.start(len(prompt), first_text or self.decode([first]))
-        if not finished:
-            control.prepare_next(session, matcher.remaining)
-        try:
-            yield TokenEvent((first,), first_text, None, self._logprobs(session.first_logprobs))
-        finally:  # also when the consumer stops right after the first token
-            for state in deferred:
-                self._publish(state)
-
-        # Decode: one event per step; the next step's device work starts before it goes out.
-        cycles: list[CycleRecord] = []
-        reason: str | None = None
-        try:
-            while not finished and not text.stopped:
-                if cancel is not None and cancel.is_set():
-                    reason = "cancelled"
-                    break
-                mode, block = control.next_step(matcher.remaining)
-                # An AR step (or a lookup step that finds no match) queues the next one's
-                # forward unless this must be the last.
-                lookahead = mode != "spec" and matcher.remaining > 1
-                step = session.step(mode, block, matcher.check, lookahead)
-                cycles.append(step.record)
-                finished = step.finished
-                delta = text.push(step.tokens)
-                control.after_step(step.record, step.tokens, delta)
-                if not finished and not text.stopped:
-                    control.prepare_next(session, matcher.remaining)
-                yield TokenEvent(
-                    tuple(step.tokens), delta, step.record, self._logprobs(step.logprobs)
-                )
-                if len(session.tokens) % CLEAR_CACHE_EVERY < len(step.tokens):
-                    mx.clear_cache()
-        finally:
-            decode_s = time.perf_counter() - t_decode
-
-        # Finish: the text held back, the final state published, the stats.
-        if reason is None:
-            reason = "stop" if text.stopped else (matcher.reason or "length")
-        tail = text.flush()
-        if tail:
-            yield TokenEvent((), tail)
-        # A sparse session's state is never reusable (its dense head was published above).
-        if session.fed > 0 and session.lineage == "dense":
-            self._publish(session.export_state())
-        stats = GenerationStats(
-            prompt_tokens=len(prompt),
-            cached_tokens=restored,
-            completion_tokens=len(matcher.emitted),
-            prefill_s=prefill_s,
-            decode_s=decode_s,
-            cycles=tuple(cycles),
-            constraint=session.chooser.stats(),
-            computed_tokens=session.computed_prompt_tokens,
-            sparse=session.lineage == "sparse",
-        )
-        log.debug(
-            "generation",
-            request_id=request.request_id,
-            finish=reason,
-            tokens=stats.completion_tokens,
-            tau=round(stats.tokens_per_cycle, 2),
-        )
-        try:
-            yield FinishEvent(reason, stats)  # type: ignore[arg-type]
-        finally:
-            # After the event: the controller's bookkeeping (estimates, counters, log lines)
-            # runs while the response goes out, not before it; also when the consumer stops
-            # at the FinishEvent.
-            control.finish(stats)
-
-    def _session(self, request: GenerationRequest) -> GenerationSession:
-        return GenerationSession(
-            self.target,
-            self.drafter,
-            window=self.options.window,
-            prefill_chunk=self.options.prefill_chunk,
-            chooser=build_chooser(request, self.target.vocab_size, self.tokenizer),
-            logprobs=request.logprobs,
-            lookup=self.options.lookup,
-        )
-
-    def _prefill(
-        self, session: GenerationSession, request: GenerationRequest, prompt: list[int]
-    ) -> tuple[int, int, list[SessionState]]:
-        """Prefill `session` from the longest cached prefix of `prompt` (dense, or the
-        request's opt-in sparse prefill); returns the first token, how many prompt tokens
-        were restored, and the states reached at `publish_at`, to publish once the first
-        token is out (publishing evaluates and queues them, which must not delay TTFT; MLX
-        arrays are values, so a state exported mid-prefill is unchanged by what follows)."""
-        cache = self.prefix_cache
-        hit = cache.lookup(self.cache_key, prompt) if cache is not None else None
-        restored = len(hit.snapshot.tokens) if hit is not None else 0
-        restore = hit.snapshot.state if hit is not None else None
-        deferred: list[SessionState] = []
-        publish_at = request.publish_at if cache is not None else ()
-        publish = deferred.append if cache is not None else None
-        selection = self._sparse_selection(request, prompt, restored)
-        if selection is not None:
-            first = session.sparse_prefill(prompt, selection, restore, publish_at, publish)
-        else:
-            first = session.prefill(prompt, restore, publish_at, publish)
-        if cache is not None:
-            cache.record_prefill(restored, session.computed_prompt_tokens)
-        return first, restored, deferred
-
-    def _publish(self, state: SessionState) -> None:
-        if self.prefix_cache is not None:
-            self.prefix_cache.publish(self.cache_key, state)
-
-    def _sparse_selection(
+    def sparse_selection(
         self, request: GenerationRequest, prompt: list[int], restored: int
     ) -> SparseSelection | None:
         """The chunks a request's opt-in sparse prefill computes (None: dense prefill)."""
@@ -431,25 +270,12 @@ class DFlashEngine:
         ids = self.encode(MESSAGE_START)
         return ids[0] if len(ids) == 1 and ids[0] in self._added_ids else None
 
-    def _submit(self, fn: Callable[..., None], *args: Any) -> Future[None]:
+    def submit(self, fn: Callable[..., None], *args: Any) -> Future[None]:
         """Run `fn` on the preparer thread (one at a time, in order: a request's reads never
         overlap the previous request's)."""
         if self._preparer is None:
             self._preparer = ThreadPoolExecutor(1, thread_name_prefix="toolflash-prepare")
         return self._preparer.submit(fn, *args)
-
-    def _logprobs(self, raw: Sequence[RawLogprob]) -> tuple[TokenLogprob, ...]:
-        """With token texts; EOS tokens never become text, so they get no entry either."""
-        return tuple(
-            TokenLogprob(
-                r.token_id,
-                self.decode([r.token_id]),
-                r.logprob,
-                tuple(TopLogprob(t, self.decode([t]), lp) for t, lp in r.top),
-            )
-            for r in raw
-            if r.token_id not in self.eos_ids
-        )
 
 
 @dataclass(frozen=True)

@@ -18,47 +18,35 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 from toolflash.cache.state import SessionState, export_cache, restore_cache
 
 from .api import CycleRecord, Mode
+from .choosers import GreedyChooser, Proposal, TokenChooser
 from .draft_context import DraftContext, DraftWindow
 from .drafter import DFlashDrafter
 from .host import host_int
 from .lookup import LookupConfig, NgramIndex
 from .sampling.logprobs import RawLogprob, token_logprobs
-from .selection import GreedyChooser, Proposal, TokenChooser
 from .sparse import Lineage, SparseLineageError, SparseSelection
 from .targets.base import ForwardResult, TargetAdapter, cache_offset
+from .verify_cycle import (
+    QueuedStep,
+    StepResult,
+    StopCheck,
+    cut_at_stop,
+    verify_after_ahead,
+    verify_cycle,
+)
 
-# Given the tokens a step is about to commit, the index of the last one to emit when the
-# generation must end inside them (EOS, stop string, limit), else None.
-StopCheck = Callable[[Sequence[int]], "int | None"]
+__all__ = ["PREFILL_CHUNK", "GenerationSession", "StepResult", "StopCheck", "dflash_proposal"]
+
 # The drafter's logits [1, block_size - 1, V] for block positions 1..L-1 in the current state.
 Proposer = Callable[["GenerationSession", int], mx.array]
 # Prompt tokens per prefill forward (EngineOptions.prefill_chunk takes this as its default).
 PREFILL_CHUNK = 512
-
-
-@dataclass(frozen=True)
-class _QueuedStep:
-    """An AR forward on the device: the staged token fed, the next token chosen lazily."""
-
-    result: ForwardResult
-    choice: mx.array | None  # None: the chooser needs the host
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """Tokens committed by one cycle or AR step, and whether generation ended in them."""
-
-    tokens: list[int]
-    record: CycleRecord
-    finished: bool
-    logprobs: list[RawLogprob] = field(default_factory=list)  # per token, when asked
 
 
 class GenerationSession:
@@ -107,7 +95,7 @@ class GenerationSession:
         self.position_shift = 0
         # An AR forward queued ahead of the host (`step(..., lookahead=True)`), and when the
         # step that queued it ended.
-        self._ahead: _QueuedStep | None = None
+        self._ahead: QueuedStep | None = None
         self._ahead_since: float | None = None
         # The next cycle's draft, started early (`prepare`): (mode, block size, proposal).
         self._prepared: tuple[Mode, int, Proposal] | None = None
@@ -136,7 +124,7 @@ class GenerationSession:
             raise ValueError("empty prompt")
         start = self._restore(prompt, restore)
         self._prefill_dense(prompt, start, len(prompt), publish_at, publish)
-        return self._commit_first(prompt)
+        return self.commit_first(prompt)
 
     def _restore(self, prompt: Sequence[int], restore: SessionState | None) -> int:
         """Load `restore` (a state whose tokens are a prefix of `prompt`); its length."""
@@ -162,21 +150,23 @@ class GenerationSession:
         for stop in stops:
             while pos < stop:
                 chunk_end = min(pos + self.prefill_chunk, stop)
-                self._prefill_chunk(prompt[pos:chunk_end])
+                self.feed_chunk(prompt[pos:chunk_end])
                 pos = chunk_end
             if publish is not None and stop in publish_at:
                 publish(self.export_state())
 
-    def _commit_first(self, prompt: Sequence[int]) -> int:
+    def commit_first(self, prompt: Sequence[int]) -> int:
+        """Choose and commit the first output token once all of `prompt` is fed (`feed_chunk`
+        or a loaded state); it becomes the staged token."""
         assert self.last_logits is not None
         first = self.chooser.choose(self.last_logits)
         self.chooser.commit([first])
-        self.first_logprobs = self._logprobs(self.last_logits[None], [first])
+        self.first_logprobs = self.logprobs_of(self.last_logits[None], [first])
         self.tokens = [*prompt, first]
         self.fed = len(prompt)
         return first
 
-    def _prefill_chunk(self, tokens: Sequence[int], position: int | None = None) -> None:
+    def feed_chunk(self, tokens: Sequence[int], position: int | None = None) -> None:
         """Feed `tokens` (at true position `position`; default: right after the cache)."""
         chunk = mx.array([list(tokens)])
         res = self.target.forward(
@@ -216,7 +206,7 @@ class GenerationSession:
         selection.validate(len(prompt), start)  # refused before anything is loaded
         start = self._restore(prompt, restore)
         self.sparse_feed(prompt, selection, start, publish_at, publish)
-        return self._commit_first(prompt)
+        return self.commit_first(prompt)
 
     def sparse_feed(
         self,
@@ -237,7 +227,7 @@ class GenerationSession:
             for pos in range(max(lo, gap), hi, self.prefill_chunk):
                 end = min(pos + self.prefill_chunk, hi)
                 self.position_shift = pos - cache_offset(self.cache)
-                self._prefill_chunk(prompt[pos:end], pos)
+                self.feed_chunk(prompt[pos:end], pos)
         self.position_shift = len(prompt) - cache_offset(self.cache)
 
     # -- state -------------------------------------------------------------------------
@@ -278,7 +268,7 @@ class GenerationSession:
         call is not an AR step, or this token ends the generation, the queued forward is undone
         first (`drain`): no token is lost and the cache holds exactly what plain AR would. A
         lookup step that finds a match after a queued forward keeps it: the queued forward is
-        the verify's first row (`_verify_after_ahead`)."""
+        the verify's first row (`verify_after_ahead`)."""
         if mode == "spec" and self.draft_ctx is not None and block_size > 1:
             self.drain()
             return self._spec_cycle(block_size, stop_check)
@@ -295,9 +285,11 @@ class GenerationSession:
         if proposal is None:
             return self._ar_step(stop_check, lookahead, "lookup")
         if self._ahead is not None and self._ahead.choice is not None:
-            return self._verify_after_ahead(proposal, stop_check, t0)
+            ahead, since = self._ahead, self._ahead_since
+            self._ahead = self._ahead_since = None
+            return verify_after_ahead(self, ahead, since, proposal, stop_check, t0)
         self.drain()
-        return self._verify_cycle("lookup", proposal, block_size, stop_check, t0)
+        return verify_cycle(self, "lookup", proposal, block_size, stop_check, t0)
 
     def prepare(self, mode: Mode, block_size: int) -> None:
         """Start the next step's device work now, so it computes while the caller finishes its
@@ -309,7 +301,7 @@ class GenerationSession:
         if self._ahead is not None:
             return
         if mode == "spec" and self.draft_ctx is not None and block_size > 1:
-            self._prepared = ("spec", block_size, self._propose(block_size))
+            self._prepared = ("spec", block_size, self.propose(block_size))
             return
         if mode == "lookup" and block_size > 1:
             proposal = self._lookup_proposal(block_size)
@@ -346,7 +338,7 @@ class GenerationSession:
             self._lookup = NgramIndex(self.lookup_config)
         return self._lookup.propose(self.tokens, limit)
 
-    def _propose(self, block_size: int) -> Proposal:
+    def propose(self, block_size: int) -> Proposal:
         """The cycle's proposal, its evaluation started: tokens a constraint forces (no drafter
         run), else (with `LookupConfig.spec_takeover`) a lookup continuation that fills the
         whole block, else the drafter's block."""
@@ -368,7 +360,7 @@ class GenerationSession:
             self._ahead_since = None
             self.target.rollback(self.cache, ahead.result, 0)
 
-    def _queue_ar(self, token: mx.array, ahead: int) -> _QueuedStep:
+    def _queue_ar(self, token: mx.array, ahead: int) -> QueuedStep:
         """Feed `token` (the staged one, maybe still on the device) to the target and choose
         the next token on the device, starting its evaluation at once. The choice is None
         when the chooser needs the host (then nothing was evaluated yet)."""
@@ -381,7 +373,7 @@ class GenerationSession:
             # Only the choice: the captured layer outputs are computed on its way and kept
             # (their concatenation for the drafter waits until speculation absorbs them).
             mx.async_eval(choice)
-        return _QueuedStep(res, choice)
+        return QueuedStep(res, choice)
 
     def _ar_step(
         self, stop_check: StopCheck, lookahead: bool = False, mode: Mode = "ar"
@@ -414,8 +406,8 @@ class GenerationSession:
         end = self._commit_ar(token, stop_check)
         if end is not None:
             self.drain()
-        logprobs = self._logprobs(self.last_logits[None], [token])
-        return self._finish_step(mode, 1, 0, 0, [token], end, 0.0, verify_s, 0.0, logprobs)
+        logprobs = self.logprobs_of(self.last_logits[None], [token])
+        return self.record_step(mode, 1, 0, 0, [token], end, 0.0, verify_s, 0.0, logprobs)
 
     def _ar_step_on_host(
         self, res: ForwardResult, stop_check: StopCheck, t0: float, mode: Mode = "ar"
@@ -428,8 +420,8 @@ class GenerationSession:
         token = self.chooser.choose(self.last_logits)
         t1 = time.perf_counter()
         end = self._commit_ar(token, stop_check)
-        logprobs = self._logprobs(self.last_logits[None], [token])
-        return self._finish_step(mode, 1, 0, 0, [token], end, 0.0, t1 - t0, 0.0, logprobs)
+        logprobs = self.logprobs_of(self.last_logits[None], [token])
+        return self.record_step(mode, 1, 0, 0, [token], end, 0.0, t1 - t0, 0.0, logprobs)
 
     def _commit_ar(self, token: int, stop_check: StopCheck) -> int | None:
         """Commit one AR token (the staged one is now fed); the stop check's verdict."""
@@ -446,124 +438,26 @@ class GenerationSession:
         inside the run keeps nothing after it (K/V, recurrent state, drafter features)."""
         run = proposal.tokens
         k = int(run.shape[0])
-        res = self._feed_block(run)
+        res = self.feed_block(run)
         verdict = self.chooser.choose_run(proposal, res.logits[0])
         t1 = time.perf_counter()
-        committed = verdict.tokens
-        end = stop_check(committed)
-        if end is not None:
-            committed = committed[: end + 1]
+        committed, end = cut_at_stop(verdict.tokens, stop_check)
         # Rows fed: the staged token + every committed token but the last.
-        self._commit_block(res, committed, keep=len(committed))
+        self.target.rollback(self.cache, res, len(committed))
+        self.keep_rows(res.logits[0], res.features, committed, len(committed))
         t2 = time.perf_counter()
-        logprobs = self._logprobs(res.logits[0], committed)
+        logprobs = self.logprobs_of(res.logits[0], committed)
         # No drafter ran and nothing was drafted: `forced` says how long the fed run was.
-        return self._finish_step(
+        return self.record_step(
             "ar", k + 1, 0, 0, committed, end, 0.0, t1 - t0, t2 - t1, logprobs, forced=k
         )
 
     def _spec_cycle(self, block_size: int, stop_check: StopCheck) -> StepResult:
         t0 = time.perf_counter()
-        proposal = self._take_prepared("spec", block_size) or self._propose(block_size)
-        return self._verify_cycle("spec", proposal, block_size, stop_check, t0)
+        proposal = self._take_prepared("spec", block_size) or self.propose(block_size)
+        return verify_cycle(self, "spec", proposal, block_size, stop_check, t0)
 
-    def _verify_cycle(
-        self, mode: Mode, proposal: Proposal, block_size: int, stop_check: StopCheck, t0: float
-    ) -> StepResult:
-        """Verify `proposal` after the staged token in one target forward and commit what the
-        chooser accepts (`t0`: when the cycle's drafting began)."""
-        draft = proposal.tokens
-        # MLX evaluates on its own thread: the drafter computes while Python builds the
-        # verify forward's graph on the still-lazy draft, and the verify runs straight after
-        # it. The verdict is the cycle's one host synchronisation.
-        res = self._feed_block(draft)
-        drafted = int(draft.shape[0])
-        t1 = time.perf_counter()
-
-        verdict = self.chooser.verify(proposal, res.logits[0])
-        t2 = time.perf_counter()
-
-        accepted = verdict.accepted
-        committed = verdict.tokens
-        end = stop_check(committed)
-        if end is not None:
-            committed = committed[: end + 1]
-        # Block tokens whose K/V stay.
-        self._commit_block(res, committed, keep=min(accepted, len(committed) - 1) + 1)
-        t3 = time.perf_counter()
-        # Row i of the verify logits scored committed[i] (the same row an AR step would use).
-        logprobs = self._logprobs(res.logits[0], committed)
-        return self._finish_step(
-            mode,
-            drafted + 1,
-            drafted,
-            accepted,
-            committed,
-            end,
-            t1 - t0,
-            t2 - t1,
-            t3 - t2,
-            logprobs,
-            forced=drafted if proposal.forced else 0,
-            # A drafter's draft shorter than the block was cut by the grammar; a lookup
-            # continuation is as long as the match gives.
-            draft_cut=mode == "spec" and not proposal.forced and drafted < block_size - 1,
-        )
-
-    def _verify_after_ahead(
-        self, proposal: Proposal, stop_check: StopCheck, t0: float
-    ) -> StepResult:
-        """A lookup cycle on top of the queued AR forward (which fed the staged token): feed
-        the continuation after it and verify against both forwards' rows, so the forward
-        queued while no continuation was known is not wasted when one appears."""
-        ahead = self._ahead
-        assert ahead is not None
-        since = self._ahead_since
-        self._ahead = self._ahead_since = None
-        draft = proposal.tokens
-        res = self.target.forward(
-            draft[None].astype(mx.int32),
-            self.cache,
-            self.capture,
-            keep_tape=True,
-            position_shift=self.position_shift,
-        )
-        rows = mx.concatenate([ahead.result.logits[0, -1:], res.logits[0]], axis=0)
-        verdict = self.chooser.verify(proposal, rows)
-        t2 = time.perf_counter()
-        committed = verdict.tokens
-        end = stop_check(committed)
-        if end is not None:
-            committed = committed[: end + 1]
-        # The staged token's forward stays; of the continuation, the rows of kept tokens.
-        self.fed += 1
-        if self.draft_ctx is not None and ahead.result.features is not None:
-            self.draft_ctx.add_features(ahead.result.features)
-        keep = min(verdict.accepted, len(committed) - 1)
-        self.last_logits = rows[keep]
-        self.target.rollback(self.cache, res, keep)
-        if self.draft_ctx is not None and res.features is not None and keep > 0:
-            self.draft_ctx.add_features(res.features[:, :keep])
-        self.fed += keep
-        self.tokens.extend(committed)
-        self.chooser.commit(committed)
-        t3 = time.perf_counter()
-        drafted = int(draft.shape[0])
-        return self._finish_step(
-            "lookup",
-            drafted + 1,
-            drafted,
-            verdict.accepted,
-            committed,
-            end,
-            0.0,
-            t2 - (since if since is not None else t0),
-            t3 - t2,
-            self._logprobs(rows, committed),
-            forced=drafted if proposal.forced else 0,
-        )
-
-    def _feed_block(self, tail: mx.array) -> ForwardResult:
+    def feed_block(self, tail: mx.array) -> ForwardResult:
         """One target forward of the staged token followed by `tail` (a draft or a forced
         run), keeping what `rollback` needs."""
         tokens = mx.concatenate([mx.array([[self.staged]]), tail[None].astype(mx.int32)], axis=1)
@@ -571,23 +465,82 @@ class GenerationSession:
             tokens, self.cache, self.capture, keep_tape=True, position_shift=self.position_shift
         )
 
-    def _commit_block(self, res: ForwardResult, committed: list[int], keep: int) -> None:
-        """Keep the first `keep` fed rows of `res` (cache, drafter features) and commit
-        `committed`; the last committed token becomes the staged one."""
-        self.last_logits = res.logits[0, keep - 1]
-        self.target.rollback(self.cache, res, keep)
-        if self.draft_ctx is not None and res.features is not None:
-            self.draft_ctx.add_features(res.features[:, :keep])
+    def keep_rows(
+        self, logits: mx.array, features: mx.array | None, committed: list[int], keep: int
+    ) -> None:
+        """After a block forward whose target state was rolled back to its first `keep` rows:
+        keep those rows' drafter features (`features` [1, T, F]) and the logits of the last
+        (`logits` [T, V]), and commit `committed`; its last token becomes the staged one."""
+        self.last_logits = logits[keep - 1]
+        if self.draft_ctx is not None and features is not None:
+            self.draft_ctx.add_features(features[:, :keep])
         self.fed += keep
         self.tokens.extend(committed)
         self.chooser.commit(committed)
 
-    def _logprobs(self, logits: mx.array, tokens: list[int]) -> list[RawLogprob]:
+    # -- rows of a batched forward (the scheduler ran it; the caches were a batch row) --
+    def leave_solo(self) -> None:
+        """Undo what a step alone queued ahead before the cache joins a batch: an AR forward
+        (`drain`) and a draft started early (made for a state the batch moves on from)."""
+        self.drain()
+        self._prepared = None
+
+    def commit_batched_token(
+        self,
+        token: int,
+        logits: mx.array,
+        features: mx.array | None,
+        stop_check: StopCheck,
+        step_s: float,
+        rows: int,
+    ) -> StepResult:
+        """Commit the token a batched AR forward chose from this row's `logits` [V] (the
+        staged token was fed there; `features` [1, 1, F]): what an AR step commits."""
+        self.last_logits = logits
+        if self.draft_ctx is not None and features is not None:
+            self.draft_ctx.add_features(features)
+        end = self._commit_ar(token, stop_check)
+        logprobs = self.logprobs_of(logits[None], [token])
+        return self.record_step("ar", 1, 0, 0, [token], end, 0.0, step_s, 0.0, logprobs, rows=rows)
+
+    def commit_batched_block(
+        self,
+        proposal: Proposal,
+        judged: tuple[list[int], int, int | None],
+        logits: mx.array,
+        features: mx.array | None,
+        times: tuple[float, float, float],
+        block_size: int,
+        rows: int,
+    ) -> StepResult:
+        """Commit a proposal a batched verify judged (`judged`: the tokens cut at a stop, the
+        accepted count, the stop's index) from this row's verify `logits` [d+1, V] and
+        `features` [1, T, F], its target state already rolled back to the kept rows: what a
+        spec cycle commits."""
+        committed, accepted, end = judged
+        self.keep_rows(logits, features, committed, min(accepted, len(committed) - 1) + 1)
+        logprobs = self.logprobs_of(logits, committed)
+        drafted = int(proposal.tokens.shape[0])
+        return self.record_step(
+            "spec",
+            drafted + 1,
+            drafted,
+            accepted,
+            committed,
+            end,
+            *times,
+            logprobs,
+            forced=drafted if proposal.forced else 0,
+            draft_cut=not proposal.forced and drafted < block_size - 1,
+            rows=rows,
+        )
+
+    def logprobs_of(self, logits: mx.array, tokens: list[int]) -> list[RawLogprob]:
         if self.logprobs is None:
             return []
         return token_logprobs(logits, tokens, self.logprobs)
 
-    def _finish_step(
+    def record_step(
         self,
         mode: Mode,
         block_size: int,
@@ -601,7 +554,9 @@ class GenerationSession:
         logprobs: list[RawLogprob],
         forced: int = 0,
         draft_cut: bool = False,
+        rows: int = 1,
     ) -> StepResult:
+        """The step's record (its index, the context length now) and result; counts it."""
         record = CycleRecord(
             index=self.cycles,
             mode=mode,
@@ -615,6 +570,7 @@ class GenerationSession:
             context_len=self.fed,
             forced=forced,
             draft_cut=draft_cut,
+            rows=rows,
         )
         self.cycles += 1
         return StepResult(committed, record, end is not None, logprobs)

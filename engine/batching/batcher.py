@@ -21,9 +21,9 @@ import structlog
 
 from ..api import EngineEvent, GenerationRequest, Mode, ModeController
 from ..host import host_ints
+from ..lane import Lane
 from ..service import DFlashEngine
 from .api import Admission, Outcome
-from .lane import Lane
 from .memory import MemoryBudget, default_budget_bytes, sequence_cost, weights_bytes
 from .rows import BatchRows
 from .verify import rollback_rows
@@ -143,7 +143,7 @@ class EngineBatcher:
         try:
             # Alone once prefilled (nothing else running or waiting): prepare its first step.
             alone = not self.running and len(self.prefilling) == 1
-            events = entry.lane.prefill_step(prepare=alone)
+            events = list(entry.lane.prefill_step(prepare=alone))
         except Exception as exc:
             return self._fail([entry], exc)
         if entry.lane.done:
@@ -160,7 +160,7 @@ class EngineBatcher:
             self.rows.keep([])
             entry.row = False
         try:
-            events = entry.lane.solo_step(prepare=not self.prefilling)
+            events = list(entry.lane.solo_step(prepare=not self.prefilling))
         except Exception as exc:
             return self._fail([entry], exc)
         if entry.lane.done:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..api import GenerationRequest
 
 if TYPE_CHECKING:
-    from ..selection import LogitsProcessor
+    from ..choosers import LogitsProcessor
 
 
 def constraint_processors(

@@ -1,6 +1,6 @@
 """Logits processors for OpenAI's `frequency_penalty`, `presence_penalty` and `logit_bias`.
 
-They follow the `LogitsProcessor` contract of `engine.selection`: row i of a verify block sees
+They follow the `LogitsProcessor` contract of `engine.choosers`: row i of a verify block sees
 the counts of the committed output plus `draft[:i]`, so a speculative cycle penalises exactly
 what an AR step at that position would. Both modes (and the greedy rule) use them.
 """

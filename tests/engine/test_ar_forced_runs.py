@@ -23,10 +23,9 @@ from toolflash.engine.api import (
     SamplingParams,
     ToolSpec,
 )
-from toolflash.engine.choosers import build_chooser
+from toolflash.engine.choosers import GreedyChooser, build_chooser
 from toolflash.engine.factory import assets_dir, build_engine
 from toolflash.engine.sampling.logprobs import RawLogprob
-from toolflash.engine.selection import GreedyChooser
 from toolflash.engine.session import GenerationSession
 from toolflash.engine.stops import StopMatcher
 from toolflash.engine.targets.base import cache_offset
@@ -302,7 +301,7 @@ class Suggests:
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_forced_run_the_target_refuses_changes_nothing(qwen3: Any, temperature: float) -> None:
-    from toolflash.engine.sampling import SamplingChooser
+    from toolflash.engine.choosers import SamplingChooser
 
     prompt = qwen3.encode("def add(a, b):")
     # A token the target sometimes takes: the commonest in its own greedy output.

@@ -14,7 +14,7 @@ import pytest
 
 from toolflash.cache.state import export_cache
 from toolflash.engine.api import GenerationRequest, Mode, SamplingParams
-from toolflash.engine.sampling import SamplingChooser
+from toolflash.engine.choosers import SamplingChooser
 from toolflash.engine.service import DFlashEngine
 from toolflash.engine.session import GenerationSession
 from toolflash.engine.targets.qwen3 import Qwen3Target

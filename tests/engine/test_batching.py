@@ -13,6 +13,7 @@ from toolflash.engine.api import (
     ContextLengthError,
     FinishEvent,
     GenerationRequest,
+    Mode,
     SamplingParams,
     TokenEvent,
 )
@@ -295,3 +296,19 @@ def test_constrained_beside_unconstrained(engine: Any) -> None:
     for i, req in enumerate(reqs):
         assert run.tokens[i] == alone(engine, req)[0], i
     assert run.finish[0].stats.constraint is not None
+
+
+def test_mode_plan_switch_holds_in_a_batch_as_alone(engine: Any) -> None:
+    """A scripted switch to AR holds from its cycle on, whichever forward runs the row (the
+    batch plans each row's step through the request's own mode control)."""
+    ps = prompts(engine, 2)
+    plan: dict[int, Mode] = {2: "ar"}
+    switched = GenerationRequest(ps[0], 40, "spec", block_size=4, ignore_eos=True, mode_plan=plan)
+    other = GenerationRequest(ps[1], 40, mode="spec", block_size=4, ignore_eos=True)
+    batcher = EngineBatcher(engine, spec_rows=8)
+    run = drive(batcher, {0: [(0, switched), (1, other)]})
+    assert not run.errors
+    assert run.tokens[0] == alone(engine, switched)[0]
+    modes = [c.mode for c in run.finish[0].stats.cycles]
+    assert modes[:2] == ["spec", "spec"] and set(modes[2:]) == {"ar"} and len(modes) > 4
+    assert any(c.rows == 2 for c in run.finish[0].stats.cycles[2:])

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from toolflash.engine.api import GenerationRequest, Mode, OutputConstraint, ToolSpec
+from toolflash.engine.choosers import GreedyChooser
 from toolflash.engine.constraints import constraint_processors
 from toolflash.engine.constraints.grammar import ConstraintError, build_grammar, check_schema
 from toolflash.engine.constraints.processor import GrammarProcessor, apply_bitmask
 from toolflash.engine.constraints.tokenizer import grammar_tokenizer
 from toolflash.engine.factory import build_engine
-from toolflash.engine.selection import GreedyChooser
 from toolflash.engine.session import GenerationSession
 from toolflash.engine.stops import StopMatcher
 from toolflash.gateway.reasoning import ReasoningSplitter

@@ -11,8 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from toolflash.engine.api import ConstraintStats, SamplingParams
-from toolflash.engine.sampling import SamplingChooser
-from toolflash.engine.selection import GreedyChooser
+from toolflash.engine.choosers import GreedyChooser, SamplingChooser
 from toolflash.engine.session import GenerationSession
 
 from .stats import ALPHA, chi_square

@@ -17,9 +17,9 @@ from toolflash.engine.api import (
     SamplingParams,
     ToolSpec,
 )
+from toolflash.engine.choosers import SamplingChooser
 from toolflash.engine.factory import build_engine
 from toolflash.engine.lookup import LookupConfig, NgramIndex
-from toolflash.engine.sampling import SamplingChooser
 from toolflash.engine.service import DFlashEngine, EngineOptions
 from toolflash.engine.session import GenerationSession, dflash_proposal
 from toolflash.engine.targets.qwen3 import Qwen3Target

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api import GenerationRequest
-from .constraints import constraint_processors
-from .sampling import SamplingChooser, sampling_processors
-from .selection import GreedyChooser, LogitsProcessor, TokenChooser
+from ..api import GenerationRequest
+from ..constraints import constraint_processors
+from ..sampling import sampling_processors
+from .base import LogitsProcessor, TokenChooser
+from .greedy import GreedyChooser
+from .sampled import SamplingChooser
 
 
 def build_chooser(request: GenerationRequest, vocab_size: int, tokenizer: Any) -> TokenChooser:

@@ -16,7 +16,10 @@ import mlx.core as mx
 
 from ..api import ConstraintStats, SamplingParams
 from ..host import host_int, host_ints
-from ..selection import (
+from ..sampling.rejection import rejection_verify
+from ..sampling.rng import ACCEPT, CHOOSE, DRAFT, RESAMPLE, KeySchedule
+from ..sampling.shaping import Shaping, sample, shape_logits, shape_probs, weights
+from .base import (
     LogitsProcessor,
     Proposal,
     Verdict,
@@ -24,9 +27,6 @@ from ..selection import (
     constraint_stats,
     forced_proposal,
 )
-from .rejection import rejection_verify
-from .rng import ACCEPT, CHOOSE, DRAFT, RESAMPLE, KeySchedule
-from .shaping import Shaping, sample, shape_logits, shape_probs, weights
 
 
 class ProposalAdjuster(Protocol):

@@ -1,12 +1,6 @@
-"""Token selection: which tokens a step commits. One rule serves both modes, so a session can
-switch between AR and speculation at any cycle and still emit exactly what AR would.
-
-A `TokenChooser` turns target logits into committed tokens (AR: one position; speculative:
-verify a drafted block) and turns the drafter's logits into a `Proposal`. Greedy decoding is
-`GreedyChooser`; sampled decoding and grammar constraints plug in as other choosers or as
-`LogitsProcessor`s, which rewrite the target's logits row by row (penalties, bias, grammar
-masks) with the drafted tokens before each row taken into account.
-"""
+"""The token-chooser seam: `TokenChooser` (target logits to committed tokens, drafter logits
+to a `Proposal`, a block judged into a `Verdict`), the `LogitsProcessor` contract, and the
+helpers every chooser applies processors with."""
 
 from __future__ import annotations
 
@@ -16,9 +10,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from .acceptance import greedy_acceptance
-from .api import ConstraintStats
-from .host import host_int, host_ints
+from ..api import ConstraintStats
 
 
 class LogitsProcessor(Protocol):
@@ -138,59 +130,3 @@ def constraint_stats(processors: Sequence[LogitsProcessor]) -> ConstraintStats |
         if s is not None:
             total = s if total is None else total + s
     return total
-
-
-class GreedyChooser:
-    """Greedy decoding: the target's (processed) argmax. With no processors, verification is
-    a single host sync per cycle, as in the unconstrained engine."""
-
-    def __init__(self, processors: Sequence[LogitsProcessor] = (), guided: bool = True):
-        self.processors = list(processors)
-        self.guided = guided  # let a grammar processor steer the draft (see `draft`)
-
-    def choose(self, logits: mx.array) -> int:
-        if self.processors:
-            logits = apply_processors(self.processors, logits[None], ())[0][0]
-        return host_int(mx.argmax(logits))
-
-    def choice_ahead(self, logits: mx.array, ahead: int) -> mx.array | None:
-        return None if self.processors else mx.argmax(logits)
-
-    def draft(self, drafter_logits: mx.array) -> Proposal:
-        for p in self.processors:
-            guide = getattr(p, "guide", None)
-            if guide is not None and self.guided:
-                # A grammar picks the drafter's best allowed token at each position.
-                tokens = guide(drafter_logits)
-                if tokens:
-                    return Proposal(mx.array(tokens))
-        return Proposal(mx.argmax(drafter_logits, axis=-1))
-
-    def forced(self, limit: int) -> Proposal | None:
-        return forced_proposal(self.processors, limit)
-
-    def verify(self, proposal: Proposal, target_logits: mx.array) -> Verdict:
-        draft = proposal.tokens
-        allowed = int(draft.shape[0])
-        if self.processors:
-            target_logits, allowed = apply_processors(
-                self.processors, target_logits, host_ints(draft)
-            )
-        choice = mx.argmax(target_logits, axis=-1)
-        accepted_arr = greedy_acceptance(draft, choice)
-        mx.eval(choice, accepted_arr)
-        accepted = min(host_int(accepted_arr), allowed)
-        # Read off the evaluated arrays (indexing `choice` on the device would be another sync).
-        return Verdict(accepted, host_ints(draft)[:accepted] + [host_ints(choice)[accepted]])
-
-    def choose_run(self, proposal: Proposal, target_logits: mx.array) -> Verdict:
-        # Greedy verification keeps exactly the rows where the (processed) argmax, AR's
-        # choice, is the proposed token.
-        return self.verify(proposal, target_logits)
-
-    def commit(self, tokens: Sequence[int]) -> None:
-        for p in self.processors:
-            p.commit(tokens)
-
-    def stats(self) -> ConstraintStats | None:
-        return constraint_stats(self.processors)
