@@ -142,6 +142,10 @@ def build_engine(
         context_length=context_length,
     )
     cache = cache if cache is not None else CacheConfig()
+    if pipeline is not None and cache.l2_dir is not None:
+        # A pipeline's snapshots name state the other ranks keep in memory: nothing to save.
+        log.warning("pipeline_no_l2", detail="the prefix cache's disk tier is off with a pipeline")
+        cache = cache.model_copy(update={"l2_dir": None})
     prefix_cache = PrefixCache(cache) if cache.enabled else None
     return DFlashEngine(
         target,
