@@ -11,6 +11,7 @@ then raises "connection to a peer was lost").
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import stat
@@ -57,6 +58,22 @@ def join(timeout_s: float) -> RingGroup:
     before = socket_fds()
     group = mx.distributed.init(strict=True, backend="ring")
     return RingGroup(group, socket_fds() - before, timeout_s)
+
+
+def ring_layout() -> str | None:
+    """The pipeline this process is a rank of, for what timings depend on (a calibration
+    key): the ranks' addresses in ring order (ports left out: they change per launch); None
+    outside a launched ring."""
+    path = os.environ.get("MLX_HOSTFILE")
+    if "MLX_RANK" not in os.environ or not path:
+        return None
+    try:
+        with open(path) as f:
+            ranks = json.load(f)
+        hosts = [",".join(addr.rsplit(":", 1)[0] for addr in rank) for rank in ranks]
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return f"{len(hosts)} ranks: " + " | ".join(hosts)
 
 
 class RingTimeout(Exception):

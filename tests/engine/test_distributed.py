@@ -52,6 +52,24 @@ def test_command_round_trips_and_payload_widths() -> None:
     assert result_rows(Command(FORWARD, tokens=9, last_only=True, capture=(2,)), slices) == 9
 
 
+def test_calibrations_of_a_pipeline_are_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0's machine identity names the ring (addresses, not the per-launch ports), so a
+    single-process calibration is never reused by a pipeline, nor one pipeline's by another."""
+    from toolflash.calibration_key import machine_identity
+
+    alone = machine_identity()
+    assert "pipeline" not in alone
+    ring = tmp_path / "ring.json"
+    ring.write_text(json.dumps([["127.0.0.1:5000"], ["10.0.0.2:5001", "10.0.1.2:5002"]]))
+    monkeypatch.setenv("MLX_RANK", "0")
+    monkeypatch.setenv("MLX_HOSTFILE", str(ring))
+    split = machine_identity()
+    assert split["pipeline"] == "2 ranks: 127.0.0.1 | 10.0.0.2,10.0.1.2"
+    assert {k: v for k, v in split.items() if k != "pipeline"} == alone
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
