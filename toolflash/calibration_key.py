@@ -33,6 +33,7 @@ def machine_identity() -> dict[str, str]:
     import mlx.core as mx
 
     from toolflash.blas import blas_in_use
+    from toolflash.engine.targets.pipeline_ring import ring_layout
 
     info = {
         "system": platform.system(),
@@ -48,6 +49,9 @@ def machine_identity() -> dict[str, str]:
         name = None
     if name:
         info["device_name"] = str(name)
+    layout = ring_layout()
+    if layout is not None:  # rank 0 of a pipeline target: every forward crosses the ranks
+        info["pipeline"] = layout
     return info
 
 
