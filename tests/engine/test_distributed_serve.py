@@ -72,12 +72,14 @@ def wait_ready(port: int, processes: list[subprocess.Popen], timeout: float = 90
     raise AssertionError(f"port {port} not ready in {timeout} s")
 
 
-def chat(port: int, content: str) -> tuple[int, dict[str, Any]]:
+def chat(port: int, content: str, stream: bool = False) -> tuple[int, Any]:
+    """Status and JSON body (streamed: the list of the events' JSON payloads)."""
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": content}],
         "max_tokens": 24,
         "temperature": 0,
+        "stream": stream,
     }
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/chat/completions",
@@ -86,7 +88,11 @@ def chat(port: int, content: str) -> tuple[int, dict[str, Any]]:
     )
     try:
         with urllib.request.urlopen(request, timeout=60) as r:
-            return r.status, json.loads(r.read())
+            if not stream:
+                return r.status, json.loads(r.read())
+            lines = r.read().decode().splitlines()
+            data = [x.removeprefix("data: ") for x in lines if x.startswith("data: ")]
+            return r.status, [json.loads(x) for x in data if x != "[DONE]"]
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
 
@@ -116,8 +122,10 @@ def test_distributed_server_matches_single_process(tmp_path: Path) -> None:
         ranks[1].kill()
         ranks[1].wait(timeout=10)
         status, failed = chat(dist_port, "def add(a, b):")
-        assert status >= 500
+        assert status == 500
         assert "pipeline rank lost" in failed["error"]["message"]
+        status, events = chat(dist_port, "def add(a, b):", stream=True)  # at once, no hang
+        assert "pipeline rank lost" in events[-1]["error"]["message"]
         ranks[0].send_signal(signal.SIGTERM)
         assert ranks[0].wait(timeout=30) is not None
     finally:
