@@ -5,16 +5,21 @@ measured here, 2.1 s of CPU over a 3 s wait), and it has no timeout. So before e
 rank first waits for one of the ring's sockets to be readable with `select`, which costs no CPU
 and takes a timeout: an idle rank sleeps, and rank 0 gives up on a rank that stopped answering
 instead of hanging. The ring's sockets are the ones `join` sees appear during
-`mx.distributed.init` (a peer that closes its end makes them readable too, and MLX's receive
-then raises "connection to a peer was lost").
+`mx.distributed.init`, less listening ones and ones its setup already closed (a peer that
+closes its end makes a socket readable too, and MLX's receive then raises "connection to a
+peer was lost").
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import select
+import socket
 import stat
+import struct
+import termios
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,11 +58,35 @@ class RingGroup:
         return int(self.group.size())
 
 
+def pending_bytes(fd: int) -> int:
+    """Bytes waiting to be read on socket `fd`."""
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0])
+
+
+def data_sockets(fds: frozenset[int]) -> frozenset[int]:
+    """Of the sockets the ring's setup left open, those that carry its data: not listening
+    ones, nor ones already at end of file (a setup connection the peer closed), which would
+    always be readable and make every wait return at once."""
+    kept = set()
+    for fd in fds:
+        probe = socket.socket(fileno=fd)
+        try:
+            if probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                continue
+        finally:
+            probe.detach()  # the descriptor stays MLX's
+        readable, _, _ = select.select([fd], [], [], 0)
+        if readable and pending_bytes(fd) == 0:
+            continue
+        kept.add(fd)
+    return frozenset(kept)
+
+
 def join(timeout_s: float) -> RingGroup:
     """Join the ranks started with MLX_RANK / MLX_HOSTFILE (mlx.launch) over the ring."""
     before = socket_fds()
     group = mx.distributed.init(strict=True, backend="ring")
-    return RingGroup(group, socket_fds() - before, timeout_s)
+    return RingGroup(group, data_sockets(socket_fds() - before), timeout_s)
 
 
 def ring_layout() -> str | None:
