@@ -28,7 +28,7 @@ from .choosers import GreedyChooser, Proposal, TokenChooser
 from .draft_context import DraftContext, DraftWindow
 from .drafter import DFlashDrafter
 from .host import host_int
-from .lookup import LookupConfig, NgramIndex
+from .lookup import LookupConfig, NgramIndex, takes_over
 from .sampling.logprobs import RawLogprob, token_logprobs
 from .sparse import Lineage, SparseLineageError, SparseSelection
 from .targets.base import ForwardResult, TargetAdapter, cache_offset
@@ -83,6 +83,10 @@ class GenerationSession:
         # Built on the first lookup step (a request that never drafts by lookup indexes nothing).
         self.lookup_config = lookup
         self._lookup: NgramIndex | None = None
+        # The drafter's latest proposal, and (accepted, drafted) of its last verified one: a
+        # spec cycle copies by lookup only when the drafter is not on a run (`takes_over`).
+        self._drafted: Proposal | None = None
+        self._drafter_last: tuple[int, int] | None = None
         self.fed = 0
         self.cycles = 0
         self.last_logits: mx.array | None = None  # target logits at the last fed position
@@ -341,14 +345,14 @@ class GenerationSession:
     def propose(self, block_size: int) -> Proposal:
         """The cycle's proposal, its evaluation started: tokens a constraint forces (no drafter
         run), else (with `LookupConfig.spec_takeover`) a lookup continuation that fills the
-        whole block, else the drafter's block."""
+        whole block while the drafter is not on a run (`takes_over`), else the drafter's block."""
         proposal = self.chooser.forced(block_size - 1)
         if proposal is None and self.lookup_config.spec_takeover:
             copied = self._copied(block_size - 1)
-            if len(copied) == block_size - 1:
+            if takes_over(len(copied), block_size - 1, self._drafter_last):
                 proposal = Proposal(mx.array(copied, dtype=mx.int32))
         if proposal is None:
-            proposal = self.chooser.draft(self.proposer(self, block_size)[0])
+            proposal = self._drafted = self.chooser.draft(self.proposer(self, block_size)[0])
         mx.async_eval(proposal.tokens)
         return proposal
 
@@ -455,7 +459,10 @@ class GenerationSession:
     def _spec_cycle(self, block_size: int, stop_check: StopCheck) -> StepResult:
         t0 = time.perf_counter()
         proposal = self._take_prepared("spec", block_size) or self.propose(block_size)
-        return verify_cycle(self, "spec", proposal, block_size, stop_check, t0)
+        step = verify_cycle(self, "spec", proposal, block_size, stop_check, t0)
+        if proposal is self._drafted:
+            self._drafter_last = (step.record.accepted, step.record.drafted)
+        return step
 
     def feed_block(self, tail: mx.array) -> ForwardResult:
         """One target forward of the staged token followed by `tail` (a draft or a forced
@@ -521,7 +528,7 @@ class GenerationSession:
         self.keep_rows(logits, features, committed, min(accepted, len(committed) - 1) + 1)
         logprobs = self.logprobs_of(logits, committed)
         drafted = int(proposal.tokens.shape[0])
-        return self.record_step(
+        step = self.record_step(
             "spec",
             drafted + 1,
             drafted,
@@ -534,6 +541,9 @@ class GenerationSession:
             draft_cut=not proposal.forced and drafted < block_size - 1,
             rows=rows,
         )
+        if proposal is self._drafted:
+            self._drafter_last = (accepted, drafted)
+        return step
 
     def logprobs_of(self, logits: mx.array, tokens: list[int]) -> list[RawLogprob]:
         if self.logprobs is None:

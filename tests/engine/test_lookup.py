@@ -8,6 +8,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+import mlx.core as mx
 import pytest
 
 from toolflash.engine.api import (
@@ -19,7 +20,7 @@ from toolflash.engine.api import (
 )
 from toolflash.engine.choosers import SamplingChooser
 from toolflash.engine.factory import build_engine
-from toolflash.engine.lookup import LookupConfig, NgramIndex
+from toolflash.engine.lookup import LookupConfig, NgramIndex, takes_over
 from toolflash.engine.service import DFlashEngine, EngineOptions
 from toolflash.engine.session import GenerationSession, dflash_proposal
 from toolflash.engine.targets.qwen3 import Qwen3Target
@@ -83,6 +84,15 @@ def test_config_is_checked() -> None:
         LookupConfig(min_n=0)
     with pytest.raises(ValueError):
         LookupConfig(min_n=3, max_n=2)
+
+
+def test_takeover_needs_a_full_block_and_a_drafter_off_its_run() -> None:
+    assert takes_over(7, 7, None)  # nothing drafted yet: copy
+    assert not takes_over(6, 7, None)  # a copy shorter than the block never takes over
+    assert takes_over(7, 7, (3, 7))  # the drafter's last draft: under half accepted
+    assert not takes_over(7, 7, (4, 7))  # over half: the drafter is on a run
+    assert not takes_over(15, 15, (15, 15))
+    assert takes_over(3, 3, (0, 3))
 
 
 # -- the session -------------------------------------------------------------------------------
@@ -197,6 +207,31 @@ def test_spec_takeover_verifies_full_block_copies_without_the_drafter(pair: Any)
     assert session.tokens == reference[: len(session.tokens)]
     assert all(r.mode == "spec" and not r.draft_cut for r in records)
     assert 0 < calls[0] < len(records)  # some cycles copied, some drafted
+
+
+def test_spec_takeover_leaves_a_drafter_on_a_run_alone(pair: Any) -> None:
+    """A drafter that drafts exactly the target's output (every draft accepted) keeps every
+    cycle after its first draft, although the repeated prompt gives full-block copies; the
+    output stays AR's."""
+    target, drafter = pair
+    reference = ar_reference(target, drafter)
+    vocab = int(target.vocab_size)
+    calls: list[int] = []
+
+    def oracle(session: GenerationSession, block: int) -> Any:
+        calls.append(session.cycles)
+        ahead = reference[len(session.tokens) : len(session.tokens) + block - 1]
+        return (mx.eye(vocab)[mx.array(ahead)] * 100.0)[None]
+
+    config = LookupConfig(min_n=1, max_n=4, spec_takeover=True)
+    session = GenerationSession(target, drafter, proposer=oracle, lookup=config)
+    session.prefill(PROMPT)
+    records = [session.step("spec", 4, never).record for _ in range(N_OUT)]
+    assert session.tokens == reference[: len(session.tokens)]
+    assert calls, "the drafter never ran"
+    assert all(r.accepted == r.drafted == 3 for r in records[calls[0] :])
+    # From its first draft on, the drafter drafted every cycle: no copy replaced its run.
+    assert calls == list(range(calls[0], len(records)))
 
 
 def test_lookup_needs_no_drafter(pair: Any) -> None:
