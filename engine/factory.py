@@ -22,6 +22,10 @@ from .targets.base import TargetAdapter
 from .targets.qwen3 import Qwen3Target
 from .targets.qwen3_5 import Qwen35Target
 
+# Prompt tokens per prefill forward on a GPU, where larger forwards keep the device busy
+# between host syncs (benchmarks/prefill_chunks.py; CPUs keep the session's own default).
+GPU_PREFILL_CHUNK = 2048
+
 log = structlog.get_logger(__name__)
 
 # mlx-lm model_type -> adapter. Unknown families fail with a clear message.
@@ -140,6 +144,7 @@ def build_engine(
         draft_length=draft_length,
         window=window or DraftWindow(),
         context_length=context_length,
+        **({} if mx.default_device() == mx.cpu else {"prefill_chunk": GPU_PREFILL_CHUNK}),
     )
     cache = cache if cache is not None else CacheConfig()
     if pipeline is not None and cache.l2_dir is not None:
