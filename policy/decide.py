@@ -189,10 +189,14 @@ def probe_reason(
 ) -> str | None:
     """Why `alt` deserves a probe against `cur`, or None when the estimates already decide: it
     has fewer than `min_samples` effective samples, or the confidence that it beats `cur` lies
-    between `explore_p` and the confidence needed to switch outright."""
-    if alt.samples < min_samples:
-        return "few-samples"
+    between `explore_p` and the confidence needed to switch outright. A prior from this class
+    and span's own calibration that gives `alt` less than `explore_p` decides too: probing it
+    is the loss the prior predicts (a pool's prior, borrowed from other spans, does not)."""
     p = p_better(alt, cur)
+    if alt.samples < min_samples:
+        if alt.prior == "class" and p < explore_p:
+            return None
+        return "few-samples"
     if explore_p <= p < min_confidence:
         return "uncertain"
     return None

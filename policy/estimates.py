@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 Clock = Callable[[], float]
 
@@ -137,6 +137,9 @@ class Throughput:
     tps: float
     std: float
     samples: float
+    # Where a prior (0 own samples) comes from: "class" (this class and span, calibrated or
+    # measured at a smaller block), "pool" (other classes or spans); "" for own measurements.
+    prior: str = ""
 
     @property
     def known(self) -> bool:
@@ -376,14 +379,17 @@ class Estimates:
         tau = self.tau.get((model, label, span, block_size))
         own = tau.effective(now, self.half_life_s) if tau is not None else 0.0
         n_tau = own
+        prior = ""
         if tau is None or own <= 0:
             if self._pooled:
                 self.flush_pooled()
-            tau = (
-                self.prior_tau.get((model, label, span, block_size))
-                or self.tau.get((model, POOL, span, block_size))
-                or self.tau.get((model, POOL, POOL, block_size))
-            )
+            prior = "class"
+            tau = self.prior_tau.get((model, label, span, block_size))
+            if tau is None:
+                prior = "pool"
+                tau = self.tau.get((model, POOL, span, block_size)) or self.tau.get(
+                    (model, POOL, POOL, block_size)
+                )
             if tau is None:
                 return UNKNOWN, 0.0
             n_tau, own = min(tau.effective(now, self.half_life_s), PRIOR_SAMPLES), 0.0
@@ -392,7 +398,7 @@ class Estimates:
         if cyc is None or n_tau <= 0:
             return UNKNOWN, mean
         tau_se = math.sqrt(max(tau.var, _TAU_ABS_FLOOR**2) / n_tau)
-        drafted = self._rate(mean, tau_se, cyc, now, own)
+        drafted = replace(self._rate(mean, tau_se, cyc, now, own), prior=prior)
         return self.with_forced(model, label, span, block_size, drafted), mean
 
     def lookup(
@@ -498,7 +504,7 @@ class Estimates:
         d_share = (1.0 - phi) * base_spt / spt
         f_share = phi * forced_spt / spt
         rel = math.hypot(d_share * base.std / base.tps, f_share * forced_rel)
-        return Throughput(tps, tps * rel, base.samples)
+        return Throughput(tps, tps * rel, base.samples, base.prior)
 
     def measured_tau(self, model: str, label: str, span: str, block_size: int) -> float | None:
         """Tau measured for exactly this class and span (no prior), or None."""

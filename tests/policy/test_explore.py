@@ -36,3 +36,29 @@ def test_probe_only_where_uncertain() -> None:
     assert probe_reason(Throughput(140.0, 2.0, 50.0), cur, **kw) is None  # decisive: switch
     assert p_better(UNKNOWN, cur) == 0.5
     assert p_better(Throughput(140.0, 0.0, 9.0), Throughput(100.0, 0.0, 9.0)) == 1.0
+
+
+def test_a_hopeless_class_prior_is_not_probed_but_a_pooled_one_is() -> None:
+    cur = Throughput(350.0, 20.0, 8.0)
+    kw = {"min_samples": 3.0, "explore_p": 0.1, "min_confidence": 0.8}
+    hopeless = Throughput(200.0, 60.0, 0.0, prior="class")  # p ~ 0.01
+    assert probe_reason(hopeless, cur, **kw) is None
+    assert probe_reason(Throughput(200.0, 60.0, 0.0, prior="pool"), cur, **kw) == "few-samples"
+    # A class prior that could still win keeps its few-samples probe.
+    assert probe_reason(Throughput(330.0, 60.0, 0.0, prior="class"), cur, **kw) == "few-samples"
+
+
+def test_spec_priors_say_where_they_come_from() -> None:
+    from toolflash.policy.estimates import POOL, Estimates
+
+    est = Estimates()
+    model, label, span = "m", "chat.think-off.user.lt1k", "text"
+    for _ in range(6):
+        est.observe_spec(model, label, span, 8, accepted=1, seconds=0.01, context_len=100)
+    own, _ = est.spec(model, label, span, 8, 100)
+    assert own.known and own.prior == ""
+    other, _ = est.spec(model, "json.think-off.user.lt1k", span, 8, 100)
+    assert other.known and other.prior == "pool"
+    est.prior_tau[(model, "json.think-off.user.lt1k", span, 8)] = est.tau[(model, POOL, span, 8)]
+    seeded, _ = est.spec(model, "json.think-off.user.lt1k", span, 8, 100)
+    assert seeded.prior == "class"
