@@ -52,6 +52,26 @@ def test_command_round_trips_and_payload_widths() -> None:
     assert result_rows(Command(FORWARD, tokens=9, last_only=True, capture=(2,)), slices) == 9
 
 
+def test_a_rank_reads_only_its_own_weights() -> None:
+    """The last of 4 ranks materialises its layer, not the embedding, the head or the other
+    layers (the model is loaded lazily; MLX's active memory counts what was read)."""
+    from types import SimpleNamespace
+
+    import mlx.core as mx
+
+    from toolflash.engine.distributed import load_stage
+    from toolflash.engine.factory import load_target, locate_target
+
+    path = locate_target("toolflash-tiny-qwen3")
+    before = mx.get_active_memory()
+    adapter, _, _, slices = load_stage(path, SimpleNamespace(rank=3, size=4))  # type: ignore[arg-type]
+    stage = mx.get_active_memory() - before
+    full, _, _ = load_target(path)
+    whole = mx.get_active_memory() - before - stage
+    assert slices[3] == range(3, 4)
+    assert 0 < stage < whole / 4
+
+
 def test_calibrations_of_a_pipeline_are_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
