@@ -18,13 +18,18 @@ from .generation_config import read_generation_defaults
 from .hub import resolve_model_path
 from .registry import EMBEDDED_MODEL, EMBEDDED_PAIRS, draft_for
 from .service import DFlashEngine, EngineOptions
+from .session import PREFILL_CHUNK
 from .targets.base import TargetAdapter
 from .targets.qwen3 import Qwen3Target
 from .targets.qwen3_5 import Qwen35Target
 
 # Prompt tokens per prefill forward on a GPU, where larger forwards keep the device busy
-# between host syncs (benchmarks/prefill_chunks.py; CPUs keep the session's own default).
+# between host syncs (benchmarks/prefill_chunks.py); CPUs keep the session's own default.
 GPU_PREFILL_CHUNK = 2048
+
+
+def prefill_chunk_for(device: mx.Device) -> int:
+    return PREFILL_CHUNK if device == mx.cpu else GPU_PREFILL_CHUNK
 
 log = structlog.get_logger(__name__)
 
@@ -144,7 +149,7 @@ def build_engine(
         draft_length=draft_length,
         window=window or DraftWindow(),
         context_length=context_length,
-        **({} if mx.default_device() == mx.cpu else {"prefill_chunk": GPU_PREFILL_CHUNK}),
+        prefill_chunk=prefill_chunk_for(mx.default_device()),
     )
     cache = cache if cache is not None else CacheConfig()
     if pipeline is not None and cache.l2_dir is not None:

@@ -433,3 +433,13 @@ def test_unreachable_hub_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_nonexistent_paths(arg: str) -> None:
     with pytest.raises(ModelNotFoundError, match="not a local directory"):
         resolve_model_path(arg)
+
+
+def test_prefill_chunk_follows_the_device() -> None:
+    import mlx.core as mx
+
+    from toolflash.engine.factory import GPU_PREFILL_CHUNK, prefill_chunk_for
+    from toolflash.engine.session import PREFILL_CHUNK
+
+    assert prefill_chunk_for(mx.cpu) == PREFILL_CHUNK < GPU_PREFILL_CHUNK
+    assert prefill_chunk_for(mx.gpu) == GPU_PREFILL_CHUNK
