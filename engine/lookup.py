@@ -24,18 +24,20 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class LookupConfig:
     """How lookup drafts: the shortest and longest suffix it matches (tokens), and its block
-    (drafted tokens + 1) where neither the request, the policy nor a drafter sets one.
+    (drafted tokens + 1) where neither the request, the policy nor a drafter sets one. Re-checked
+    with OpenBLAS against min_n 2, max_n 6 and blocks 6/12/16 on both embedded pairs and the
+    agent workload: 3/4/8 is the best or within noise of it everywhere; min_n 2 loses up to
+    11% (benchmarks/results/lookup_defaults.md).
     `spec_takeover`: a spec cycle whose lookup continuation fills its whole block verifies that
-    instead of running the drafter (the combined proposer). Measured with OpenBLAS, 4 prompts
-    per kind x 2, against spec alone: tokens per cycle up on code, free text and tool calls
-    (qwen3 pair: code 1.57 -> 1.86) and down on JSON (qwen35: 9.00 -> 8.47); speed pooled +1%
-    (qwen35) and +12% (qwen3), JSON -6% (qwen35). Off until the full benchmarks are rerun
-    with it (its tokens per cycle are not the drafter's, so the published figures move)."""
+    instead of running the drafter, unless the drafter is on a run (`takes_over`). Against
+    spec alone, interleaved: pooled +5-12% on the bench prompts (tokens per cycle lower on no
+    kind), +15-36% on the agent workload (forced tool calls on the qwen3 pair -2%); the first
+    rule (any full-block copy) cost JSON 5% on the qwen35 pair."""
 
     min_n: int = 3
     max_n: int = 4
     block_size: int = 8
-    spec_takeover: bool = False
+    spec_takeover: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_n <= self.max_n:
