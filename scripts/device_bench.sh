@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the device, after scripts/device_install.sh install: the H200 figures of the speed (#25),
 # long-prompt (#28) and batching (#31) issues on a random-weight target of a real shape.
-#   bash scripts/device_bench.sh [shape] [what...]   (what: ar chunks prefill batch; default all)
+#   bash scripts/device_bench.sh [shape] [what...]   (what: ar chunks prefill batch step; default all but step)
 # Reports land in $OUT (the device tool brings them back) or ./device_out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +30,9 @@ for w in $what; do
       timeout 240 python3 benchmarks/prefill_chunks.py --model "$model" --length 16384 \
         --chunks 512,2048,4096 --repeats 3 --json "$out/h200_prefill_chunks_$shape.json" \
         2>&1 | grep -v "\[debug" ;;
+    step)  # a batched AR step against its forward alone and one request alone
+      timeout 240 python3 benchmarks/batch_step.py --model "$model" --rows 2,4,8 --steps 32 \
+        --json "$out/h200_batch_step_$shape.json" 2>&1 | grep -v "\[debug\|^ \|^{\|^}" ;;
     batch)  # one request at a time against batched AR rows
       timeout 300 python3 benchmarks/concurrent_engine.py --model "$model" --rows 4,8 --prompts 16 \
         --max-tokens 128 --modes ar --ignore-eos --repeats 3 \
