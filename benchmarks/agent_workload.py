@@ -22,7 +22,8 @@ request (`ar-again`) shows the noise floor.
 
 `--no-drafter` runs the target alone: mlx-lm, AR, lookup and the policy (AR vs lookup). The
 two-arm policy is the default policy with `lookup: false` (`policy_two_arm.yaml` beside the
-data), the three-arm policy the default; they start cold (nothing learned) or, with
+data) and spec cycles that never take a lookup continuation (`spec_takeover` off): the policy
+before the lookup arm; the three-arm policy the default; they start cold (nothing learned) or, with
 `--calibrate`, from a `toolflash calibrate` run (what a first serve of the pair starts from),
 and learn online over the rounds. Requests whose AR decode takes under
 `--short-ms` run `--short-repeats` times a round (a 30 ms request varies by ~20% here); the

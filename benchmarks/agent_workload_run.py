@@ -159,6 +159,11 @@ def generate(
         )
     controller = prepared.decision_log
     stats: list[GenerationStats] = []
+    options = engine.options
+    if strategy == "policy-2arm":
+        # The policy before the lookup arm: no lookup anywhere, spec cycles' takeover included.
+        lookup = dataclasses.replace(options.lookup, spec_takeover=False)
+        engine.options = dataclasses.replace(options, lookup=lookup)
 
     def chunks() -> Iterator[Sequence[int]]:
         for event in engine.generate(request, None, controller):
@@ -167,7 +172,10 @@ def generate(
             else:
                 yield event.token_ids
 
-    tokens, wall, cpu = timed(chunks())
+    try:
+        tokens, wall, cpu = timed(chunks())
+    finally:
+        engine.options = options
     summary = getattr(controller, "summary", None)
     return from_stats(tokens, wall, cpu, stats[0], summary() if summary else None)
 
