@@ -24,15 +24,10 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class LookupConfig:
     """How lookup drafts: the shortest and longest suffix it matches (tokens), and its block
-    (drafted tokens + 1) where neither the request, the policy nor a drafter sets one. Re-checked
-    with OpenBLAS against min_n 2, max_n 6 and blocks 6/12/16 on both embedded pairs and the
-    agent workload: 3/4/8 is the best or within noise of it everywhere; min_n 2 loses up to
-    11% (benchmarks/results/lookup_defaults.md).
+    (drafted tokens + 1) where neither the request, the policy nor a drafter sets one
+    (benchmarks/results/lookup_defaults.md measures the defaults against their neighbours).
     `spec_takeover`: a spec cycle whose lookup continuation fills its whole block verifies that
-    instead of running the drafter, unless the drafter is on a run (`takes_over`). Against
-    spec alone, interleaved: pooled +5-12% on the bench prompts (tokens per cycle lower on no
-    kind), +15-36% on the agent workload (forced tool calls on the qwen3 pair -2%); the first
-    rule (any full-block copy) cost JSON 5% on the qwen35 pair."""
+    instead of running the drafter, unless the drafter is on a run (`takes_over`)."""
 
     min_n: int = 3
     max_n: int = 4
@@ -50,9 +45,9 @@ def takes_over(copied: int, limit: int, drafter_last: tuple[int, int] | None) ->
     """Whether a spec cycle verifies the lookup continuation (`copied` tokens long; the block
     drafts `limit`) instead of running the drafter: only a continuation that fills the block,
     and not while the drafter is on a run (`drafter_last`: accepted and drafted tokens of its
-    last verified draft; at least half accepted is a run). On JSON the drafter's runs accept
-    10-15 of 15 tokens, and a 3-4-token match copied there (a key seen before, another value)
-    accepted none: the cycle lost a whole run. The first cycle, with no draft seen, copies."""
+    last verified draft; at least half accepted is a run): in JSON a short match (a key seen
+    before, followed by another value) copied in the middle of a drafter's run accepts nothing
+    and costs the run. The first cycle, with no draft seen, copies."""
     if copied < limit:
         return False
     if drafter_last is None:
