@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from toolflash.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "toolflash" / "assets" / "tiny" / "bench_prompts.jsonl"
@@ -141,12 +142,6 @@ class RssSampler:
         finally:
             self._stop.set()
             self._thread.join()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from toolflash.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = (
@@ -91,12 +92,6 @@ def rank_main(spec: dict) -> int:
         engine.target.close()
     print("RESULT " + json.dumps(result), flush=True)
     return 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_config(spec: dict) -> dict:

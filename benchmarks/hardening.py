@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,8 @@ from typing import Any
 
 import httpx
 
+from toolflash.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "hardening.json"
 NORMAL = {
@@ -43,12 +44,6 @@ NORMAL = {
     "chat_template_kwargs": {"enable_thinking": False},
 }
 LOOPING = "{% for i in range(10**9) %}{{ i }}{% endfor %}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rss(pid: int) -> int:
@@ -61,7 +56,7 @@ def _rss(pid: int) -> int:
 @contextmanager
 def served(*extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`toolflash serve` on a free port, until /health answers 200."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "toolflash.cli", "serve", "--port", str(port), "--policy", "off"]
     proc = subprocess.Popen(
         [*cmd, "--log-level", "warning", *extra],

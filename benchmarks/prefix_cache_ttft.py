@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from typing import Any
 from openai import OpenAI
 
 from toolflash.engine.registry import EMBEDDED_MODEL
+from toolflash.ports import free_port
 
 # The served model (`--model`): an embedded pair's id or a path; requests name it.
 MODEL = EMBEDDED_MODEL
@@ -123,12 +123,6 @@ def opencode_shape() -> tuple[str, list[dict[str, Any]]]:
         )
         tools.append({"type": "function", "function": fn})
     return system, tools
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_server(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:

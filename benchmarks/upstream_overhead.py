@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from toolflash.ports import free_port
 
 CANNED = textwrap.dedent(
     """
@@ -69,12 +70,6 @@ CANNED = textwrap.dedent(
     """
 )
 NO_EOS = {"2": -100}  # the tiny model's EOS: every stream decodes max_tokens tokens
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:

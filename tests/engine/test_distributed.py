@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -25,6 +24,7 @@ from toolflash.engine.targets.pipeline import (
     result_rows,
     split_layers,
 )
+from toolflash.ports import free_port
 
 from .distributed_rank import run_request
 
@@ -88,12 +88,6 @@ def test_calibrations_of_a_pipeline_are_its_own(
     split = machine_identity()
     assert split["pipeline"] == "2 ranks: 127.0.0.1 | 10.0.0.2,10.0.1.2"
     assert {k: v for k, v in split.items() if k != "pipeline"} == alone
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_ranks(tmp: Path, ranks: int, spec: Mapping[str, Any]) -> list[subprocess.Popen]:

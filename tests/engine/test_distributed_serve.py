@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 
 from toolflash.commands.serve_distributed import check_hostfile, launch_command, ring_addresses
 from toolflash.commands.settings_cli import SettingsError
+from toolflash.ports import free_port
 
 MODEL = "toolflash-tiny-qwen35"
 
@@ -42,12 +42,6 @@ def test_hostfile_checks_and_ring_addresses(tmp_path: Path) -> None:
         hostfile.write_text(bad if isinstance(bad, str) else json.dumps(bad))
         with pytest.raises(SettingsError):
             check_hostfile(str(hostfile))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve(port: int, extra: list[str], env: dict[str, str]) -> subprocess.Popen:

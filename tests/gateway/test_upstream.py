@@ -9,7 +9,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ import pytest
 from toolflash.gateway.upstream_config import UpstreamPool
 from toolflash.gateway.upstream_pool import Replica, failed, pick
 from toolflash.gateway.upstream_wire import ChunkText
+from toolflash.ports import free_port
 
 TINY = Path(__file__).resolve().parents[2] / "toolflash/assets/tiny/qwen35-tiny"
 UPSTREAM_MODEL = "toolflash-tiny-qwen35"
@@ -47,12 +47,6 @@ HANG = textwrap.dedent(
     asyncio.run(main())
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 90) -> None:
