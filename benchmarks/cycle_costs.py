@@ -90,25 +90,29 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
+def qwen3_config(shape: dict[str, Any]) -> dict[str, Any]:
+    """The HF-style config of a qwen3-family shape (what mlx-lm's loader reads)."""
+    return {
+        "model_type": "qwen3",
+        "hidden_size": shape["hidden"],
+        "num_hidden_layers": shape["layers"],
+        "intermediate_size": shape["inter"],
+        "num_attention_heads": shape["heads"],
+        "num_key_value_heads": shape["kv"],
+        "head_dim": shape["head_dim"],
+        "rms_norm_eps": 1e-6,
+        "vocab_size": shape["vocab"],
+        "max_position_embeddings": 40960,
+        "rope_theta": 1e6,
+        "tie_word_embeddings": False,
+    }
+
+
 def build_target(shape: dict[str, Any], dtype: mx.Dtype) -> Any:
     from mlx_lm.models import qwen3, qwen3_5
 
     if shape["family"] == "qwen3":
-        args = qwen3.ModelArgs(
-            model_type="qwen3",
-            hidden_size=shape["hidden"],
-            num_hidden_layers=shape["layers"],
-            intermediate_size=shape["inter"],
-            num_attention_heads=shape["heads"],
-            num_key_value_heads=shape["kv"],
-            head_dim=shape["head_dim"],
-            rms_norm_eps=1e-6,
-            vocab_size=shape["vocab"],
-            max_position_embeddings=40960,
-            rope_theta=1e6,
-            tie_word_embeddings=False,
-        )
-        model = qwen3.Model(args)
+        model = qwen3.Model(qwen3.ModelArgs.from_dict(qwen3_config(shape)))
         adapter_cls: Any = Qwen3Target
     else:
         text = {

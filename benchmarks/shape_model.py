@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-from cycle_costs import SHAPES, build_target
+from cycle_costs import SHAPES, build_target, qwen3_config
 from mlx.utils import tree_flatten
 
 TOKENIZER = Path(__file__).resolve().parent.parent / "toolflash/assets/tiny/qwen3-tiny"
@@ -40,18 +40,7 @@ def config_for(shape: dict[str, Any], dtype: str) -> dict[str, Any]:
         raise SystemExit(f"shape_model writes qwen3-family shapes only, not {shape['family']}")
     return {
         "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "hidden_size": shape["hidden"],
-        "num_hidden_layers": shape["layers"],
-        "intermediate_size": shape["inter"],
-        "num_attention_heads": shape["heads"],
-        "num_key_value_heads": shape["kv"],
-        "head_dim": shape["head_dim"],
-        "rms_norm_eps": 1e-6,
-        "vocab_size": shape["vocab"],
-        "max_position_embeddings": 40960,
-        "rope_theta": 1e6,
-        "tie_word_embeddings": False,
+        **qwen3_config(shape),
         "eos_token_id": 2,
         "torch_dtype": dtype,
     }
