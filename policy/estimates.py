@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 Clock = Callable[[], float]
 
@@ -398,7 +398,7 @@ class Estimates:
         if cyc is None or n_tau <= 0:
             return UNKNOWN, mean
         tau_se = math.sqrt(max(tau.var, _TAU_ABS_FLOOR**2) / n_tau)
-        drafted = replace(self._rate(mean, tau_se, cyc, now, own), prior=prior)
+        drafted = self._rate(mean, tau_se, cyc, now, own, prior)
         return self.with_forced(model, label, span, block_size, drafted), mean
 
     def lookup(
@@ -520,7 +520,13 @@ class Estimates:
         return Surplus(spec, self.ar(model, context_len, label, span), tau, block_size)
 
     def _rate(
-        self, tokens: float, tokens_se: float, stat: Stat, now: float, n_tokens: float = math.inf
+        self,
+        tokens: float,
+        tokens_se: float,
+        stat: Stat,
+        now: float,
+        n_tokens: float = math.inf,
+        prior: str = "",
     ) -> Throughput:
         n = stat.effective(now, self.half_life_s)
         mean_s = stat.mean
@@ -531,7 +537,7 @@ class Estimates:
         # Delta method for a ratio of independent estimates.
         rel = (tokens_se / tokens) ** 2 if tokens > 0 else 0.0
         std = tps * math.sqrt(rel + (s_se / mean_s) ** 2)
-        return Throughput(tps, std, min(n, n_tokens))
+        return Throughput(tps, std, min(n, n_tokens), prior)
 
     def _near(self, table: dict, model: str, mid: tuple, bucket: int) -> Stat | None:
         """The stat at this bucket, else the nearest bucket that has one (a cold bucket borrows
