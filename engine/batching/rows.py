@@ -10,29 +10,12 @@ inside its recurrent state (the GatedDeltaNet rows need no mask).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
 
 from ..targets.base import ForwardResult, TargetAdapter
-
-
-@contextmanager
-def _fused_attention(target: TargetAdapter) -> Iterator[None]:
-    """Batched forwards attend through MLX's fused kernel: their left-padding mask is an array,
-    and toolflash's CPU kernel (fast on a causal mask) took ~18 ms against ~4.5 ms for 8 rows
-    over ~700 keys of the embedded qwen35 pair. Restored after the forward (one engine thread)."""
-    kernel = getattr(target, "attention_kernel", None)
-    if kernel is None:
-        yield
-        return
-    target.attention_kernel = None  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        target.attention_kernel = kernel  # type: ignore[attr-defined]
 
 
 class BatchRows:
@@ -77,15 +60,13 @@ class BatchRows:
         [B, 1, F] when `capture` names layers."""
         assert self.layers is not None and len(tokens) == self.size
         column = mx.stack([mx.array(t).reshape(()) for t in tokens])[:, None].astype(mx.int32)
-        with _fused_attention(self.target):
-            return self.target.forward(column, self.layers, capture)
+        return self.target.forward(column, self.layers, capture)
 
     def verify(self, block: mx.array, capture: Sequence[int]) -> ForwardResult:
         """One target forward of a block per row ([B, L]), keeping what `rollback_rows`
         needs to keep a different prefix in each row."""
         assert self.layers is not None and block.shape[0] == self.size
-        with _fused_attention(self.target):
-            return self.target.forward(block, self.layers, capture, keep_tape=True)
+        return self.target.forward(block, self.layers, capture, keep_tape=True)
 
     @property
     def nbytes(self) -> int:

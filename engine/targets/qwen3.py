@@ -55,17 +55,18 @@ class Qwen3Target(DecoderStack):
         """Decoder layers `layers` on `h` (`cache[j]` is layer layers[j]'s): the output, the
         outputs of layers in `capture` (in layer order), and the tape (none: KV trims)."""
         mask = create_attention_mask(h, cache[0])
+        kernel = self.kernel_for(mask)
         captured = []
         for i, c in zip(layers, cache):
             layer = self.layers[i]
             if (
                 position_shift
-                or self.attention_kernel is not None
+                or kernel is not None
                 or self.mlp_activation is not None
             ):
                 x = layer.input_layernorm(h)
                 attn = layer.self_attn
-                h = h + qwen3_attention_at(attn, x, mask, c, position_shift, self.attention_kernel)
+                h = h + qwen3_attention_at(attn, x, mask, c, position_shift, kernel)
                 h = h + self.mlp(layer, layer.post_attention_layernorm(h))
             else:
                 h = layer(h, mask, c)

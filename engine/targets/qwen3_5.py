@@ -122,6 +122,7 @@ class Qwen35Target(DecoderStack):
         # array mask for left-padded rows); a slice of GatedDeltaNet layers only needs none.
         attention = next((c for i, c in zip(layers, cache) if not self.layers[i].is_linear), None)
         mask = create_attention_mask(h, attention)
+        kernel = self.kernel_for(mask)
         captured = []
         tape: dict[int, Any] = {}
         for j, (i, c) in enumerate(zip(layers, cache)):
@@ -129,9 +130,9 @@ class Qwen35Target(DecoderStack):
             x = layer.input_layernorm(h)
             if layer.is_linear:
                 r, tape[j] = gated_delta_forward(layer.linear_attn, x, c, keep_tape)
-            elif position_shift or self.attention_kernel is not None:
+            elif position_shift or kernel is not None:
                 attn = layer.self_attn
-                r = qwen3_next_attention_at(attn, x, mask, c, position_shift, self.attention_kernel)
+                r = qwen3_next_attention_at(attn, x, mask, c, position_shift, kernel)
             else:
                 r = layer.self_attn(x, mask, c)
             h = h + r
