@@ -337,10 +337,12 @@ class GenerationSession:
         return Proposal(mx.array(tokens, dtype=mx.int32)) if tokens else None
 
     def _copied(self, limit: int) -> list[int]:
-        """Up to `limit` tokens of the lookup continuation ([] without a match)."""
+        """Up to `limit` tokens of the lookup continuation ([] without a match), cut before
+        the first token the output constraint rejects (verifying it could only fail there)."""
         if self._lookup is None:
             self._lookup = NgramIndex(self.lookup_config)
-        return self._lookup.propose(self.tokens, limit)
+        copied = self._lookup.propose(self.tokens, limit)
+        return copied[: self.chooser.admissible(copied)] if copied else copied
 
     def propose(self, block_size: int) -> Proposal:
         """The cycle's proposal, its evaluation started: tokens a constraint forces (no drafter

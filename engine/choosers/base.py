@@ -84,6 +84,10 @@ class TokenChooser(Protocol):
         token after the staged token + the first i drafted tokens) and choose one more."""
         ...
 
+    def admissible(self, tokens: Sequence[int]) -> int:
+        """How many leading `tokens` the output constraint allows next (all without one)."""
+        ...
+
     def choose_run(self, proposal: Proposal, target_logits: mx.array) -> Verdict:
         """AR's own choice at every row of `target_logits` [k+1, V] (row i after the staged
         token + the first i tokens of a forced `proposal` of k), fed in one forward: the
@@ -120,6 +124,17 @@ def forced_proposal(processors: Sequence[LogitsProcessor], limit: int) -> Propos
         if run:
             return Proposal(mx.array(run[:limit]), forced=True)
     return None
+
+
+def admissible_prefix(processors: Sequence[LogitsProcessor], tokens: Sequence[int]) -> int:
+    """The shortest allowed prefix of `tokens` any processor that checks drafts (a grammar:
+    `admissible`) reports; penalties and bias allow every token."""
+    allowed = len(tokens)
+    for p in processors:
+        check = getattr(p, "admissible", None)
+        if check is not None and allowed > 0:
+            allowed = min(allowed, int(check(tokens[:allowed])))
+    return allowed
 
 
 def constraint_stats(processors: Sequence[LogitsProcessor]) -> ConstraintStats | None:

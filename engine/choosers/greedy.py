@@ -13,6 +13,7 @@ from .base import (
     LogitsProcessor,
     Proposal,
     Verdict,
+    admissible_prefix,
     apply_processors,
     constraint_stats,
     forced_proposal,
@@ -61,6 +62,9 @@ class GreedyChooser:
         accepted = min(host_int(accepted_arr), allowed)
         # Read off the evaluated arrays (indexing `choice` on the device would be another sync).
         return Verdict(accepted, host_ints(draft)[:accepted] + [host_ints(choice)[accepted]])
+
+    def admissible(self, tokens: Sequence[int]) -> int:
+        return admissible_prefix(self.processors, tokens)
 
     def choose_run(self, proposal: Proposal, target_logits: mx.array) -> Verdict:
         # Greedy verification keeps exactly the rows where the (processed) argmax, AR's

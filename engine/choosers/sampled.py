@@ -23,6 +23,7 @@ from .base import (
     LogitsProcessor,
     Proposal,
     Verdict,
+    admissible_prefix,
     apply_processors,
     constraint_stats,
     forced_proposal,
@@ -105,6 +106,9 @@ class SamplingChooser:
         accepted = host_int(accepted_arr)
         kept = (draft_list or host_ints(draft))[:accepted]
         return Verdict(accepted, kept + [host_int(token_arr)])
+
+    def admissible(self, tokens: Sequence[int]) -> int:
+        return admissible_prefix(self.processors, tokens)
 
     def choose_run(self, proposal: Proposal, target_logits: mx.array) -> Verdict:
         # Row i is drawn as the AR step at output position `position + i` would draw it

@@ -268,6 +268,23 @@ def test_process_cuts_draft_at_forbidden_token_and_rolls_back(engine: Any) -> No
     assert np.isneginf(np.array(rows[0])[min(engine.eos_ids)])  # no EOS mid-string
 
 
+def test_admissible_counts_the_grammar_allowed_prefix_and_rolls_back(engine: Any) -> None:
+    gt = grammar_tokenizer(engine.tokenizer)
+    constraint = OutputConstraint("json", schema=SCHEMAS["user"])
+    proc = GrammarProcessor(gt.matcher(build_grammar(constraint, gt.is_special)), 4096, gt.eos_ids)
+    good = engine.encode('{"name": "A')
+    bad = engine.encode('{"nope')
+    before = proc.matcher.compute_ff_tokens()
+    assert proc.admissible(bad) == 1  # the same cut `process` makes
+    assert proc.admissible(good) == len(good)
+    assert proc.admissible([]) == 0
+    eos = min(engine.eos_ids)
+    assert proc.admissible([*good, eos]) == len(good)  # no EOS inside a string
+    assert proc.matcher.compute_ff_tokens() == before  # rolled back to the committed state
+    chooser = GreedyChooser([proc])
+    assert chooser.admissible(bad) == 1 and GreedyChooser().admissible(bad) == len(bad)
+
+
 def test_apply_bitmask_pads_wider_logits() -> None:
     bitmask = np.zeros((1, 1), dtype=np.int32)
     bitmask[0, 0] = 0b101

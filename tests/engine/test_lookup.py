@@ -339,13 +339,21 @@ def test_shipped_pair_lookup_equals_ar_under_constraints(constraint: Any) -> Non
     ]
     prompt = tuple(engine.encode_chat(messages, TOOLS))
 
+    finished: list[Any] = []
+
     def out(mode: Mode) -> list[int]:
         request = GenerationRequest(
             prompt_tokens=prompt, max_tokens=48, mode=mode, constraint=constraint
         )
-        return [t for e in engine.generate(request) for t in getattr(e, "token_ids", ())]
+        events = list(engine.generate(request))
+        finished.append(events[-1].stats)
+        return [t for e in events for t in getattr(e, "token_ids", ())]
 
     assert out("lookup") == out("ar")
+    if constraint is not None:
+        # Copies are cut at the first token the grammar rejects before the verify: the
+        # grammar never has a copied token to reject there.
+        assert finished[0].constraint.grammar_rejected == 0
 
 
 _SHIPPED: list[Any] = []
