@@ -38,7 +38,8 @@ def decisions(prepared: Prepared, stats: GenerationStats | None) -> tuple[Decisi
             for r in controller.records
         )
     if prepared.upstream is not None:
-        return (Decision(cycle=0, mode="upstream", reason=f"routed to {prepared.upstream}"),)
+        why = f" ({prepared.route})" if prepared.route else ""
+        return (Decision(cycle=0, mode="upstream", reason=f"routed to {prepared.upstream}{why}"),)
     req = prepared.request
     out = [Decision(cycle=0, mode=req.mode, block_size=req.block_size, reason="server default")]
     cycles = stats.cycles if stats else ()

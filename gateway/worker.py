@@ -46,6 +46,7 @@ class Prepared:
     decision_log: RecordedController | None = None  # the policy's controller, when there is one
     sampling_defaults: tuple[str, ...] = ()  # sampling fields taken from the model's defaults
     upstream: str | None = None  # the upstream replica serving it (None: the local engine)
+    route: str = ""  # why that upstream pool (several pools of one model)
 
 
 class Job:
