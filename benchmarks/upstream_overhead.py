@@ -9,6 +9,12 @@ request and per streamed chunk), and `toolflash serve` with the embedded tiny mo
 stream: the routed stream's time against the direct one's, in %). The gateway is
 `toolflash serve --no-local-model --upstreams FILE`. Figures are medians of the per-pair
 differences; targets (issue #35): <= 2 ms per request, streaming per-token overhead <= 3%.
+
+`--baseline-path DIR` adds a second gateway run from another tree (DIR holds a `toolflash`
+package, e.g. an older commit's `git archive` with the package's folders linked in), measured
+in the same rounds: before and after figures from one sitting. `--upstream-path DIR` runs the
+tiny-model upstream from such a tree too (what is measured is the gateway; a stable upstream
+keeps others' work in progress in this tree out of the figures).
 """
 
 from __future__ import annotations
@@ -103,27 +109,43 @@ def timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, 
 
 
 def pairs(
-    client: httpx.Client, direct: str, routed: str, body: dict[str, Any], model: str, n: int
+    client: httpx.Client,
+    direct: str,
+    routed: dict[str, str],
+    body: dict[str, Any],
+    model: str,
+    n: int,
 ) -> dict[str, Any]:
-    """n interleaved (direct, routed) runs of the same body; the medians and per-pair deltas."""
-    d_times, r_times, deltas, ratios = [], [], [], []
+    """n interleaved rounds of the same body: direct, then through each gateway of `routed`
+    (name: URL); the medians and per-round deltas of each against the direct call."""
+    d_times: list[float] = []
+    r_times: dict[str, list[float]] = {name: [] for name in routed}
+    deltas: dict[str, list[float]] = {name: [] for name in routed}
+    ratios: dict[str, list[float]] = {name: [] for name in routed}
+    chunks = 0
     for i in range(n + 2):
         d, _ = timed(client, f"{direct}/v1/chat/completions", body)
-        r, chunks = timed(client, f"{routed}/v1/chat/completions", {**body, "model": model})
+        times = {}
+        for name, url in routed.items():
+            times[name], chunks = timed(
+                client, f"{url}/v1/chat/completions", {**body, "model": model}
+            )
         if i < 2:  # warm-up: connections, first-request paths
             continue
         d_times.append(d)
-        r_times.append(r)
-        deltas.append(r - d)
-        ratios.append(r / d - 1)
-    return {
-        "direct_median_ms": round(1e3 * statistics.median(d_times), 3),
-        "routed_median_ms": round(1e3 * statistics.median(r_times), 3),
-        "overhead_median_ms": round(1e3 * statistics.median(deltas), 3),
-        "overhead_median_pct": round(100 * statistics.median(ratios), 2),
-        "routed_chunks": chunks,
-        "runs": n,
-    }
+        for name, r in times.items():
+            r_times[name].append(r)
+            deltas[name].append(r - d)
+            ratios[name].append(r / d - 1)
+    out: dict[str, Any] = {"direct_median_ms": round(1e3 * statistics.median(d_times), 3)}
+    for name in routed:
+        suffix = "" if name == "gateway" else f"_{name}"
+        out[f"routed_median_ms{suffix}"] = round(1e3 * statistics.median(r_times[name]), 3)
+        out[f"overhead_median_ms{suffix}"] = round(1e3 * statistics.median(deltas[name]), 3)
+        out[f"overhead_median_pct{suffix}"] = round(100 * statistics.median(ratios[name]), 2)
+    out["routed_chunks"] = chunks
+    out["runs"] = n
+    return out
 
 
 def main() -> int:
@@ -131,15 +153,34 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--stream-tokens", type=int, default=256)
     p.add_argument("--json", default="benchmarks/results/upstream_overhead.json")
+    p.add_argument(
+        "--baseline-path",
+        help="a directory holding another tree's `toolflash` package: its gateway is measured"
+        " in the same rounds (`*_baseline` figures)",
+    )
+    p.add_argument(
+        "--upstream-path",
+        help="a directory holding another tree's `toolflash` package to run the tiny-model"
+        " upstream from",
+    )
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="upstream-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(argv: list[str], name: str) -> subprocess.Popen[bytes]:
+    def start(
+        argv: list[str], name: str, env: dict[str, str] | None = None, cwd: str | None = None
+    ) -> subprocess.Popen[bytes]:
         log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - the process owns it
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         procs.append(proc)
         return proc
+
+    def from_tree(path: str | None) -> dict[str, Any]:
+        """A process's environment to import toolflash from another tree (its package first
+        on the path; run from elsewhere, so this working directory does not shadow it)."""
+        if path is None:
+            return {}
+        return {"env": {**os.environ, "PYTHONPATH": str(Path(path).resolve())}, "cwd": str(tmp)}
 
     try:
         canned_port, tiny_port, gw_port = free_port(), free_port(), free_port()
@@ -151,6 +192,7 @@ def main() -> int:
             ["toolflash", "serve", "--port", str(tiny_port), "--policy", "off", "--mode", "ar"]
             + ["--no-calibrate", "--state-dir", str(tmp / "state"), "--log-level", "warning"],
             "tiny",
+            **from_tree(args.upstream_path),
         )
         pools = {
             "pools": [
@@ -163,12 +205,28 @@ def main() -> int:
             ]
         }
         (tmp / "upstreams.yaml").write_text(json.dumps(pools))
-        gp = start(
-            ["toolflash", "serve", "--no-local-model", "--upstreams", str(tmp / "upstreams.yaml")]
-            + ["--port", str(gw_port), "--log-level", "warning"],
-            "gateway",
+        gateways = {"gateway": gateway}
+        serve = [
+            "toolflash",
+            "serve",
+            "--no-local-model",
+            "--upstreams",
+            str(tmp / "upstreams.yaml"),
+        ]
+        waits = [(canned, cp), (tiny, tp)]
+        waits.append(
+            (gateway, start(serve + ["--port", str(gw_port), "--log-level", "warning"], "gateway"))
         )
-        for url, proc in ((canned, cp), (tiny, tp), (gateway, gp)):
+        if args.baseline_path:
+            base_port = free_port()
+            gateways["baseline"] = f"http://127.0.0.1:{base_port}"
+            bp = start(
+                serve + ["--port", str(base_port), "--log-level", "warning"],
+                "baseline",
+                **from_tree(args.baseline_path),
+            )
+            waits.append((gateways["baseline"], bp))
+        for url, proc in waits:
             wait_healthy(url, proc)
         msg = [{"role": "user", "content": "Count"}]
         out: dict[str, Any] = {"repeats": args.repeats, "stream_tokens": args.stream_tokens}
@@ -177,7 +235,7 @@ def main() -> int:
             out["canned_request"] = pairs(
                 client,
                 canned,
-                gateway,
+                gateways,
                 {"model": "m", "messages": msg, "max_tokens": 1},
                 "canned",
                 n,
@@ -185,7 +243,7 @@ def main() -> int:
             out["canned_stream"] = pairs(
                 client,
                 canned,
-                gateway,
+                gateways,
                 {"model": "m", "messages": msg, "max_tokens": args.stream_tokens, "stream": True},
                 "canned",
                 n,
@@ -193,7 +251,7 @@ def main() -> int:
             out["tiny_request"] = pairs(
                 client,
                 tiny,
-                gateway,
+                gateways,
                 {"model": "toolflash-tiny-qwen35", "messages": msg, "max_tokens": 8},
                 "tiny",
                 n,
@@ -201,7 +259,7 @@ def main() -> int:
             out["tiny_stream"] = pairs(
                 client,
                 tiny,
-                gateway,
+                gateways,
                 {
                     "model": "toolflash-tiny-qwen35",
                     "messages": msg,
@@ -213,9 +271,10 @@ def main() -> int:
                 max(5, n // 3),
             )
         c = out["canned_stream"]
-        out["gateway_us_per_streamed_token"] = round(
-            1e3 * c["overhead_median_ms"] / args.stream_tokens, 2
-        )
+        for suffix in ("", "_baseline") if args.baseline_path else ("",):
+            out[f"gateway_us_per_streamed_token{suffix}"] = round(
+                1e3 * c[f"overhead_median_ms{suffix}"] / args.stream_tokens, 2
+            )
         out["load_1min"] = os.getloadavg()[0]
         print(json.dumps(out, indent=2))
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

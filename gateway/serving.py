@@ -98,7 +98,7 @@ class GatewayContext:
 
     def model_names(self) -> list[str]:
         if self.upstream is not None:
-            return [self.upstream.pool.model]
+            return [self.upstream.model]
         names = []
         if self.local:
             engine = self.engine()

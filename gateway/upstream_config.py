@@ -8,6 +8,10 @@ Each pool's settings are declared once, here; the file is YAML:
         urls: [http://10.0.0.2:8000/v1, http://10.0.0.3:8000/v1]
         api_key_env: BIG_POOL_KEY      # the key's environment variable, never the key
         capacity: 8
+      - model: qwen-big                # a second pool of the same model: requests go to the
+        name: macs                     # pool that decodes their class fastest (`route`)
+        urls: [http://10.0.0.9:8080/v1]
+    route: surplus                     # or least_loaded
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ class UpstreamPool(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str = Field(min_length=1, description="the model name clients send")
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the pool's own name, unique in the file (unset: `model`); needed where"
+        " several pools serve one model",
+    )
     upstream_model: str | None = Field(
         default=None, description="the model name sent upstream (unset: `model`)"
     )
@@ -78,6 +88,10 @@ class UpstreamPool(BaseModel):
         return tuple(u.rstrip("/") for u in urls)
 
     @property
+    def pool_name(self) -> str:
+        return self.name or self.model
+
+    @property
     def sent_model(self) -> str:
         return self.upstream_model or self.model
 
@@ -98,15 +112,55 @@ class UpstreamsFile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     pools: tuple[UpstreamPool, ...] = Field(min_length=1)
+    route: Literal["surplus", "least_loaded"] = Field(
+        default="surplus",
+        description="how a model served by several pools picks one per request: `surplus`, the"
+        " pool measured to decode the request's class fastest (with exploration), or"
+        " `least_loaded`, the pool with the fewest requests in flight per free slot",
+    )
+    explore_p: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description="`surplus`: share of requests sent to a slower measured pool, so a pool"
+        " that got faster is measured again",
+    )
+    min_samples: int = Field(
+        default=3,
+        ge=1,
+        description="`surplus`: requests of a class a pool is measured on before its speed"
+        " is trusted (an unmeasured pool is tried first)",
+    )
 
     @field_validator("pools")
     @classmethod
     def _unique(cls, pools: tuple[UpstreamPool, ...]) -> tuple[UpstreamPool, ...]:
-        names = [p.model for p in pools]
+        names = [p.pool_name for p in pools]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
-            raise ValueError(f"models with more than one pool: {', '.join(sorted(dup))}")
+            raise ValueError(
+                f"pools with the same name: {', '.join(sorted(dup))} (pools of one model need"
+                " a `name` each)"
+            )
+        for pool in pools:
+            # One engine view per model: the request checks and the tool-call parser.
+            first = next(p for p in pools if p.model == pool.model)
+            if (pool.context_length, pool.tool_call_format) != (
+                first.context_length,
+                first.tool_call_format,
+            ):
+                raise ValueError(
+                    f"the pools of model {pool.model!r} differ in context_length or"
+                    " tool_call_format"
+                )
         return pools
+
+    def models(self) -> dict[str, tuple[UpstreamPool, ...]]:
+        """Each client model name and its pools, in the file's order."""
+        out: dict[str, tuple[UpstreamPool, ...]] = {}
+        for pool in self.pools:
+            out[pool.model] = (*out.get(pool.model, ()), pool)
+        return out
 
 
 def load_upstreams(path: str | Path) -> UpstreamsFile:

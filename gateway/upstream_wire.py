@@ -89,6 +89,56 @@ def chat_body(req: ApiRequest, model: str, max_tokens: int) -> dict[str, Any]:
     return body
 
 
+class SseEvents:
+    """An upstream's SSE body -> the JSON objects of its `data:` lines, a network read at a time
+    (`feed` returns every event the read completed, so a burst of chunks costs one pass, not
+    one async step each); `done` once `[DONE]` came (what follows it is ignored)."""
+
+    def __init__(self) -> None:
+        self._rest = b""
+        self.done = False
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        if self.done:
+            return []
+        *lines, self._rest = (self._rest + data).split(b"\n")
+        return self._parse(lines)
+
+    def close(self) -> list[dict[str, Any]]:
+        """The events of a last line with no newline (a body that ended without one)."""
+        rest, self._rest = self._rest, b""
+        return [] if self.done or not rest else self._parse([rest])
+
+    def _parse(self, lines: list[bytes]) -> list[dict[str, Any]]:
+        out = []
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                self.done = True
+                break
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                raise MalformedEvent(data[:200].decode(errors="replace")) from None
+            if isinstance(obj, dict):
+                out.append(obj)
+        return out
+
+
+class MalformedEvent(ValueError):
+    """An upstream `data:` line that is not JSON (its first 200 characters)."""
+
+
+def error_text(obj: Mapping[str, Any]) -> str | None:
+    """An upstream error event's message (None: not an error)."""
+    err = obj.get("error")
+    if err is None:
+        return None
+    return str(err.get("message", err)) if isinstance(err, Mapping) else str(err)
+
+
 @dataclass(frozen=True)
 class Usage:
     prompt_tokens: int = 0

@@ -215,7 +215,7 @@ def test_upstreams_file_is_checked_at_start(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="TF_TEST_UNSET_KEY is not set"):
         load_upstreams(path)
     path.write_text(json.dumps({"pools": [{**pool, "api_key_env": None}] * 2}))
-    with pytest.raises(ValueError, match="more than one pool: m"):
+    with pytest.raises(ValueError, match="pools with the same name: m"):
         load_upstreams(path)
     path.write_text("pools: [{model: m, urls: [ftp://x]}]")
     with pytest.raises(ValueError, match="not an http"):
