@@ -79,6 +79,15 @@ def load_pipeline_target(path: Path, group: RingGroup) -> tuple[TargetAdapter, A
     return cast(TargetAdapter, PipelineTarget(adapter, group, slices)), tokenizer, config
 
 
+def pipeline_failure(engines: list[Any]) -> str | None:
+    """Why rank 0's pipeline can serve no more (a rank lost, or it was closed), from the engine
+    `build_engine` made over it (`engines`: empty while it loads); None while it can."""
+    if not engines:
+        return None
+    target = engines[0].target
+    return target.failure if isinstance(target, PipelineTarget) else None
+
+
 def serve_rank(model: str | None, group: RingGroup) -> int:
     """A rank other than 0: load its slice of `model` and serve rank 0 until it stops the
     pipeline (0) or a neighbour is lost (1)."""
