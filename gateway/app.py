@@ -106,6 +106,9 @@ async def health(request: Request) -> Response:
     body: dict[str, Any] = {"status": worker.state if ctx.local else "ready"}
     if worker.load_error is not None:
         body["error"] = str(worker.load_error)
+    lost = ctx.engine_failure() if ctx.local and ctx.engine_failure is not None else None
+    if lost is not None and body["status"] == "ready":
+        body["status"], body["error"] = "failed", lost
     if ctx.upstreams is not None:
         # A pool with no healthy replica is reported; the server stays up for the others.
         body["upstreams"] = {m: r.healthy() for m, r in ctx.upstreams.routes.items()}
@@ -193,6 +196,7 @@ def create_app(
     policy_counters: Callable[[], dict[str, list[dict[str, Any]]]] | None = None,
     on_shutdown: Callable[[], None] | None = None,
     upstreams: UpstreamsFile | None = None,
+    engine_failure: Callable[[], str | None] | None = None,
 ) -> Starlette:
     """The gateway app. The engine is built by `engine_factory` on the worker thread when the
     app starts; until it is ready /health answers 503 and API routes 503 with Retry-After.
@@ -201,7 +205,8 @@ def create_app(
     `sparse_policy(model_id, request_class)` gives a class's sparse-prefill keep ratio from the
     policy files (None: the server's `sparse_prefill`). `upstreams`: models served by pools of
     OpenAI-compatible servers (`gateway/upstream_run.py`); with no `engine_factory` the server
-    serves only those."""
+    serves only those. `engine_failure()`: why the loaded engine can serve no more (None: it
+    can); /health then answers 503 `failed` with it."""
     config = config or GatewayConfig()
 
     @contextlib.asynccontextmanager
@@ -222,6 +227,7 @@ def create_app(
             sparse_policy=sparse_policy,
             renderer=render_pool(config),
             local=engine_factory is not None,
+            engine_failure=engine_failure,
         )
         if upstreams is not None:
             from toolflash.gateway.upstream_run import UpstreamPools

@@ -48,6 +48,9 @@ class GatewayContext:
     local: bool = True
     # Set on a request's own context when its model is an upstream pool's (`for_model`).
     upstream: UpstreamRoute | None = None
+    # Why the local engine, loaded, can serve no more (None: it can), for /health: a
+    # distributed target that lost a rank.
+    engine_failure: Callable[[], str | None] | None = None
 
     async def offload(self, fn: Callable[[], T]) -> T:
         """`fn()` on a render thread within `render_timeout_s`. Past it the client gets a 400

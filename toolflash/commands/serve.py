@@ -208,6 +208,13 @@ def startup_plan(settings: ServeSettings, gateway: GatewayConfig, policy: Any) -
     return plan
 
 
+def _pipeline_failure(built: list | None) -> Any:
+    """/health's check of a distributed target (rank 0): why it can serve no more, or None."""
+    from toolflash.engine.distributed import pipeline_failure
+
+    return lambda: pipeline_failure(built or [])
+
+
 def build_server(
     args: argparse.Namespace, pipeline: Any = None, built: list | None = None
 ) -> tuple[Any, list[BaseException]]:
@@ -255,6 +262,7 @@ def build_server(
         policy_counters=policy.counters if policy is not None else None,
         on_shutdown=policy.save if policy is not None else None,
         upstreams=upstreams,
+        engine_failure=_pipeline_failure(built) if pipeline is not None else None,
     )
     server = uvicorn.Server(
         uvicorn.Config(
