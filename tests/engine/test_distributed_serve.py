@@ -91,6 +91,14 @@ def chat(port: int, content: str, stream: bool = False) -> tuple[int, Any]:
         return exc.code, json.loads(exc.read())
 
 
+def health(port: int) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
 def test_distributed_server_matches_single_process(tmp_path: Path) -> None:
     hostfile = tmp_path / "hosts.json"
     hosts = [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2
@@ -113,6 +121,7 @@ def test_distributed_server_matches_single_process(tmp_path: Path) -> None:
             assert status == 200
             assert got["choices"][0]["message"] == want["choices"][0]["message"]
             assert got["usage"]["completion_tokens"] == 24
+        assert health(dist_port) == (200, {"status": "ready"})
         ranks[1].kill()
         ranks[1].wait(timeout=10)
         status, failed = chat(dist_port, "def add(a, b):")
@@ -120,6 +129,12 @@ def test_distributed_server_matches_single_process(tmp_path: Path) -> None:
         assert "pipeline rank lost" in failed["error"]["message"]
         status, events = chat(dist_port, "def add(a, b):", stream=True)  # at once, no hang
         assert "pipeline rank lost" in events[-1]["error"]["message"]
+        # /health says so, as it says a failed load: a balancer stops sending requests here.
+        status, body = health(dist_port)
+        assert status == 503
+        assert body["status"] == "failed"
+        assert "pipeline rank lost" in body["error"]
+        assert health(single_port) == (200, {"status": "ready"})
         ranks[0].send_signal(signal.SIGTERM)
         assert ranks[0].wait(timeout=30) is not None
     finally:
