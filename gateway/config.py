@@ -130,11 +130,11 @@ class GatewayConfig(BaseModel):
         " thread",
     )
     stream_interval_ms: float = Field(
-        default=10.0,
+        default=0.0,
         ge=0.0,
-        description="least time between two writes of a stream (ms): deltas that arrive"
-        " meanwhile go out together, so a fast model is not slowed by a write per token; 0"
-        " writes each at once",
+        description="least time between two writes of a stream (ms; 0: every token goes out as"
+        " soon as it is ready, with the others ready at that moment): deltas that arrive"
+        " meanwhile go out together, fewer writes for tokens held back",
     )
     sparse_prefill: float | None = Field(
         default=None,
