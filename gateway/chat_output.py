@@ -138,6 +138,11 @@ class ChatOutput:
     def valid_calls(self) -> int:
         return sum(1 for r in self.reports if r.parsed)
 
+    @property
+    def can_stop(self) -> bool:
+        """parallel_tool_calls false with tools: the first call that parses stops it."""
+        return self._calls is not None and not self._parallel
+
     def feed(self, text: str) -> list[Delta]:
         if self.stop_requested or not text:
             return []

@@ -10,6 +10,7 @@ the reader, outcomes, the record, metrics and the log line) happens here, once.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from toolflash.engine.api import Engine
+from toolflash.gateway.config import GatewayConfig
 from toolflash.gateway.errors import GatewayError, to_gateway_error
 from toolflash.gateway.prepare import preparer
 from toolflash.gateway.prompt import Prompt, render_prompt
@@ -26,6 +28,7 @@ from toolflash.gateway.reader import (
     Collected,
     Ending,
     EventReader,
+    Output,
     answer_for,
     collect,
     output_for,
@@ -144,14 +147,14 @@ async def handle(request: Request, dialect: Dialect) -> Response:
     watcher = asyncio.create_task(watch_disconnect(request, job))
     try:
         prepared = await run.wait_prepared()
+        output = output_for(req, prepared, engine)
         run.reader = EventReader(
             job,
-            output_for(req, prepared, engine),
+            output,
             answer_for(req, prepared),
             stops=req.stop,
             decode=engine.decode,
-            stream_interval_s=ctx.config.stream_interval_ms / 1e3,
-            on_token=run.token_seen,
+            read_interval_s=read_interval_s(parsed.stream, output, ctx.config),
         )
         if parsed.stream:
             watcher.cancel()  # StreamingResponse watches for the disconnect from here on
@@ -176,6 +179,15 @@ async def handle(request: Request, dialect: Dialect) -> Response:
         )
     finally:
         watcher.cancel()
+
+
+def read_interval_s(stream: bool, output: Output, config: GatewayConfig) -> float:
+    """How often the reader takes the engine's events: a stream as they come (or paced by
+    `stream_interval_ms`); a complete response once at the end (every wake-up of the event
+    loop costs the engine thread time), unless its output may stop the generation early."""
+    if stream:
+        return config.stream_interval_ms / 1e3
+    return 0.0 if output.can_stop else math.inf
 
 
 async def stream_response(run: RequestRun, encoder: StreamEncoder) -> AsyncIterator[str]:

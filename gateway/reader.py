@@ -40,6 +40,11 @@ class Output(Protocol):
     @property
     def valid_calls(self) -> int: ...
 
+    @property
+    def can_stop(self) -> bool:
+        """Whether its text can make it stop the generation (`stop_requested`)."""
+        ...
+
     def feed(self, text: str) -> list[Delta]: ...
 
     def close(self) -> list[Delta]: ...
@@ -58,6 +63,10 @@ class TextOutput:
     @property
     def valid_calls(self) -> int:
         return 0
+
+    @property
+    def can_stop(self) -> bool:
+        return False
 
     def feed(self, text: str) -> list[Delta]:
         return [ContentDelta(text)] if text else []
@@ -136,8 +145,9 @@ def matched_stop(full_text: str, shown: int, stops: Sequence[str]) -> str | None
 
 class EventReader:
     """Reads one job's events; `ending` is set once `batches()` is exhausted. `decode` (the
-    engine's) names the stop string that ended a generation; `on_token` runs at the first
-    batch that brought tokens (time to first token)."""
+    engine's) names the stop string that ended a generation. `read_interval_s` paces the reads
+    (`Job.batches`): 0 reads every batch of events as soon as it is ready (streams), `math.inf`
+    reads the rest at the end (a complete response whose output cannot stop the generation)."""
 
     def __init__(
         self,
@@ -147,16 +157,14 @@ class EventReader:
         *,
         stops: tuple[str, ...] = (),
         decode: Callable[[Sequence[int]], str] | None = None,
-        stream_interval_s: float = 0.0,
-        on_token: Callable[[], None] | None = None,
+        read_interval_s: float = 0.0,
     ) -> None:
         self.job = job
         self.output = output
         self.answer = answer
         self.stops = stops
         self._decode = decode
-        self._interval = stream_interval_s
-        self._on_token = on_token
+        self._interval = read_interval_s
         self.ending: Ending | None = None
         self._pending: list[TokenLogprob] = []
         self._ids: list[int] = []
@@ -164,15 +172,12 @@ class EventReader:
 
     async def batches(self) -> AsyncIterator[Batch]:
         """Engine events -> batches of deltas, one per batch of events read together
-        (`Job.batches`: a stream reads at most one batch per `stream_interval_ms`)."""
+        (`Job.batches`: at most one batch per `read_interval_s`)."""
         output, answer = self.output, self.answer
         async for events in self.job.batches(self._interval):
             deltas: list[Delta] = []
             tokens = [e for e in events if isinstance(e, TokenEvent)]
             if tokens:
-                # An upstream's events carry text and no token ids.
-                if any(e.token_ids or e.text for e in tokens) and self._on_token is not None:
-                    self._on_token()
                 text = ""
                 for e in tokens:
                     self._pending.extend(e.logprobs)

@@ -63,7 +63,6 @@ class RequestRun:
     job: Job | None = None
     prepared: Prepared | None = None
     reader: EventReader | None = None
-    first_token_at: float | None = None
     outcome: str = "pending"
     recorded: bool = False
 
@@ -104,10 +103,6 @@ class RequestRun:
         err.recorded = True
         return err
 
-    def token_seen(self) -> None:
-        if self.first_token_at is None:
-            self.first_token_at = time.perf_counter()
-
     @property
     def mode_label(self) -> str:
         s = self.stats
@@ -121,12 +116,13 @@ class RequestRun:
         now = time.perf_counter()
         job = self.job
         started = job.started_at if job and job.started_at else now
+        first = job.first_token_at if job else None
         s = self.stats
         return Timings(
             queue_s=round(started - self.arrived, 6),
             prefill_s=round(s.prefill_s, 6) if s else 0.0,
             decode_s=round(s.decode_s, 6) if s else 0.0,
-            ttft_s=round(self.first_token_at - self.arrived, 6) if self.first_token_at else None,
+            ttft_s=round(first - self.arrived, 6) if first else None,
             e2e_s=round(now - self.arrived, 6),
         )
 

@@ -62,6 +62,8 @@ class Job:
         # Live progress, written by the worker thread and read by /v1/status.
         self.tokens = 0
         self.mode = ""
+        # When the first token was handed over (the request's TTFT, whenever it is read).
+        self.first_token_at: float | None = None
         self._loop = asyncio.get_running_loop()
         # Items cross threads through `_pushed` under `_lock`. `_waiter` is set while the
         # reader waits: for any item, or (`_waits_for_any` False: pacing its batches) only for
@@ -77,6 +79,12 @@ class Job:
     def push(self, kind: str, payload: Any) -> None:
         """Hand an item to the event loop (called from the worker thread)."""
         ends = kind == "error" or isinstance(payload, FinishEvent)
+        if (
+            self.first_token_at is None
+            and isinstance(payload, TokenEvent)
+            and (payload.token_ids or payload.text)  # an upstream's events carry text only
+        ):
+            self.first_token_at = time.perf_counter()
         with self._lock:
             self._pushed.append((kind, payload))
             self._ended = self._ended or ends
@@ -91,8 +99,9 @@ class Job:
 
     async def _take(self, not_before: float = 0.0) -> list[tuple[str, Any]]:
         """Every item pushed and not yet read (at least one: waits for it). Before
-        `not_before` (a `time.perf_counter()` time) it waits, unless the job has ended (its
-        FinishEvent or an error is in), so events that come meanwhile are read together."""
+        `not_before` (a `time.perf_counter()` time; `math.inf`: until the end) it waits, unless
+        the job has ended (its FinishEvent or an error is in), so events that come meanwhile
+        are read together."""
         if self._taken:
             out, self._taken = self._taken, []
             return out
@@ -106,7 +115,9 @@ class Job:
                     return out
                 waiter = self._waiter = self._loop.create_future()
                 self._waits_for_any = not pacing
-            timer = self._loop.call_later(pause, _wake, waiter) if pacing else None
+            timer = None
+            if pacing and pause != math.inf:
+                timer = self._loop.call_later(pause, _wake, waiter)
             try:
                 await waiter
             finally:
@@ -130,7 +141,8 @@ class Job:
 
         With `min_interval_s`, a batch is handed out at least that long after the previous one
         (not the first, nor one that ends the generation), so a stream writes at most one
-        batch per interval however fast the engine goes; waiting costs no wake-up per event."""
+        batch per interval however fast the engine goes; waiting costs no wake-up per event.
+        `math.inf`: after the first batch, the rest comes in one batch when the job ends."""
         not_before = 0.0
         while True:
             items = await self._take(not_before)

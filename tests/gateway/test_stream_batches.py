@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import threading
 import time
 
+import httpx
 import pytest
 
 from tests.gateway.conftest import serve
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.test_openai_sdk import READ_TOOL, RUN_TOOL, hermes_call, user
 from toolflash.engine.api import FinishEvent, GenerationStats, TokenEvent
+from toolflash.gateway.chat_output import ChatOutput
 from toolflash.gateway.config import GatewayConfig
+from toolflash.gateway.handler import read_interval_s
+from toolflash.gateway.reader import TextOutput
+from toolflash.gateway.tool_parsers import get_parser
 from toolflash.gateway.worker import Job, Prepared
 
 
@@ -83,6 +89,63 @@ def test_the_end_of_a_job_is_not_held_back_by_pacing(ending: str) -> None:
                 await anext(batches)
 
     asyncio.run(main())
+
+
+def test_a_reader_paced_to_the_end_takes_the_rest_when_the_job_ends() -> None:
+    # math.inf (a complete response): after the first batch, no wake-up until the end.
+    async def main() -> None:
+        job = _job()
+        job.push("event", _token(0))
+        batches = job.batches(min_interval_s=math.inf)
+        assert await anext(batches) == [_token(0)]
+        pending = asyncio.ensure_future(anext(batches))
+        for i in (1, 2, 3):
+            job.push("event", _token(i))
+            await asyncio.sleep(0.01)
+            assert not pending.done() and job._waiter is not None  # asleep, not woken
+        job.push("event", fin := _finish())
+        assert await asyncio.wait_for(pending, timeout=30) == [*map(_token, (1, 2, 3)), fin]
+
+    asyncio.run(main())
+
+
+def test_the_first_token_is_timed_when_pushed_not_when_read() -> None:
+    async def main() -> None:
+        job = _job()
+        job.push("event", TokenEvent((), ""))  # a cycle that committed nothing
+        assert job.first_token_at is None
+        before = time.perf_counter()
+        job.push("event", TokenEvent((), "Hi"))  # an upstream's token: text, no ids
+        stamped = job.first_token_at
+        assert stamped is not None and stamped >= before
+        job.push("event", _token(1))
+        assert job.first_token_at == stamped
+
+    asyncio.run(main())
+
+
+def test_complete_responses_read_at_the_end_unless_their_output_can_stop() -> None:
+    config = GatewayConfig(stream_interval_ms=7)
+    calls = ChatOutput(parser=get_parser("hermes"), tools={"run": {}}, start_in_reasoning=False)
+    one_call = ChatOutput(
+        parser=get_parser("hermes"),
+        tools={"run": {}},
+        start_in_reasoning=False,
+        parallel_tool_calls=False,
+    )
+    assert read_interval_s(True, one_call, config) == 0.007
+    assert read_interval_s(False, TextOutput(), config) == math.inf
+    assert read_interval_s(False, calls, config) == math.inf
+    assert read_interval_s(False, one_call, config) == 0.0  # stops the engine after one call
+
+
+def test_a_complete_response_reports_its_first_token_not_its_end() -> None:
+    body = {"model": "fake-model", "messages": user("SCRIPT:" + "x" * 60)}
+    with serve(FakeEngine(cycle_delay_s=0.005)) as s:
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=20).json()
+    timings = r["toolflash"]["timings"]
+    assert r["choices"][0]["message"]["content"] == "x" * 60
+    assert timings["ttft_s"] < timings["e2e_s"] / 2  # ~24 cycles of 5 ms after the first
 
 
 def test_an_error_is_raised_after_the_events_before_it() -> None:
