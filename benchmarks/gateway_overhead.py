@@ -22,7 +22,6 @@ must produce exactly the tokens of its direct twin; the script checks that.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import multiprocessing
 import os
@@ -359,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
 
     config = GatewayConfig(mode=args.mode, block_size=args.block_size, max_queue=64)
     if args.stream_interval_ms is not None:
-        config = dataclasses.replace(config, stream_interval_ms=args.stream_interval_ms)
+        config = config.model_copy(update={"stream_interval_ms": args.stream_interval_ms})
     app = create_app(factory, config)
     url, server, thread = start_server(app)
     direct: list[Run] = []

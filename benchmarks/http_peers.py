@@ -4,6 +4,8 @@ target weights, each a subprocess on its own loopback port, requests interleaved
 
     python benchmarks/http_peers.py            # the default rows of benchmarks/data/http_peers.json
     python benchmarks/http_peers.py --servers mlx-lm,toolflash --per-kind 2 --repeats 2
+    python benchmarks/http_peers.py --model toolflash-tiny-qwen3 --no-stream   # the other pair,
+                                                                   # complete responses
     python benchmarks/http_peers.py --dspark-python V/bin/python --servers \
         mlx-lm,toolflash,dspark-auto,dspark-dflash,mlx-lm-bf16         # all rows
     flock /tmp/bench.lock nice -n -10 python benchmarks/http_peers.py ...   # for figures
@@ -20,7 +22,8 @@ Every server gets the same streamed chat requests (greedy, `max_tokens` 128, the
 `toolflash/assets/tiny/bench_prompts.jsonl`, a few per kind, tools with tool-call prompts),
 one at a time, round-robin over the servers per prompt in a seeded shuffled order, several
 repetitions (the same prompts each time, so later repetitions meet each server's prefix cache).
-Per request: TTFT (first content, reasoning or tool-call delta), streamed decode (tokens after
+With `--no-stream` the same requests ask for complete responses (`stream: false`), and only
+end to end is timed. Per streamed request: TTFT (first content, reasoning or tool-call delta), streamed decode (tokens after
 the first delta over the time from it to the last delta: `stream_options.include_usage`'s count
 times the share of the output's characters that came after the first delta, since a speculative
 server's first delta can hold several tokens; a stream whose first delta holds most of the
@@ -439,16 +442,53 @@ def load_prompts(spec: Mapping[str, Any], per_kind: int) -> tuple[list[Prompt], 
     return measured, warmup
 
 
-def send(client: Any, server: Server, prompt: Prompt, request: Mapping[str, Any]) -> StreamResult:
-    body = {
-        "model": server.model,
-        **prompt.body,
-        **request,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    lines: list[tuple[float, str]] = []
+def parse_body(body: Mapping[str, Any], t0: float, t_end: float) -> StreamResult:
+    """A complete chat completion (`stream: false`): only end to end is timed."""
+    out = StreamResult(e2e_s=t_end - t0)
+    if "error" in body:
+        err = body["error"]
+        out.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+        return out
+    choice = (body.get("choices") or [{}])[0]
+    msg = choice.get("message") or {}
+    out.text = (msg.get("reasoning_content") or msg.get("reasoning") or "") + (
+        msg.get("content") or ""
+    )
+    out.tool_calls = [
+        (
+            (c.get("function") or {}).get("name") or "",
+            (c.get("function") or {}).get("arguments") or "",
+        )
+        for c in msg.get("tool_calls") or []
+    ]
+    out.output_chars = len(out.text) + sum(len(n) + len(a) for n, a in out.tool_calls)
+    out.finish_reason = choice.get("finish_reason")
+    usage = body.get("usage") or {}
+    out.completion_tokens = int(usage.get("completion_tokens") or 0)
+    out.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    details = usage.get("prompt_tokens_details") or {}
+    if details.get("cached_tokens") is not None:
+        out.cached_tokens = int(details["cached_tokens"])
+    return out
+
+
+def send(
+    client: Any, server: Server, prompt: Prompt, request: Mapping[str, Any], stream: bool = True
+) -> StreamResult:
+    body: dict[str, Any] = {"model": server.model, **prompt.body, **request, "stream": stream}
     t0 = time.perf_counter()
+    if not stream:
+        try:
+            r = client.post(f"{server.url}/v1/chat/completions", json=body)
+            data = r.json()
+        except Exception as exc:  # one failed request is a counted error, not a dead benchmark
+            return StreamResult(time.perf_counter() - t0, error=repr(exc))
+        res = parse_body(data, t0, time.perf_counter())
+        if r.status_code != 200 and res.error is None:
+            res.error = f"{r.status_code} {r.text}"
+        return res
+    body["stream_options"] = {"include_usage": True}
+    lines: list[tuple[float, str]] = []
     try:
         with client.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
@@ -497,6 +537,7 @@ def interleaved(
     request: Mapping[str, Any],
     repeats: int,
     seed: int,
+    stream: bool = True,
 ) -> list[Record]:
     import httpx
 
@@ -506,14 +547,14 @@ def interleaved(
     with httpx.Client(timeout=600) as client:
         for p in warmup:  # first-call compilation, allocators; not measured
             for s in servers:
-                send(client, s, p, request)
+                send(client, s, p, request, stream)
         for rep in range(repeats):
             order = list(prompts)
             rng.shuffle(order)
             for p in order:
                 turn = list(servers)
                 rng.shuffle(turn)
-                results = {s.name: send(client, s, p, request) for s in turn}
+                results = {s.name: send(client, s, p, request, stream) for s in turn}
                 ref = results[base.name]
                 for s in servers:
                     records.append(to_record(s.name, p, rep, results[s.name], ref, s is base))
@@ -589,6 +630,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-kind", type=int, default=None, help="prompts per kind")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--model",
+        default=None,
+        help="the embedded pair whose target every server runs (default: toolflash's default)",
+    )
+    p.add_argument(
+        "--no-stream",
+        dest="stream",
+        action="store_false",
+        help="ask for complete responses (stream false): end to end only",
+    )
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument(
         "--dspark-python",
@@ -624,9 +676,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("the baseline row must be among --servers")
 
     from toolflash.engine.factory import assets_dir
+    from toolflash.engine.registry import EMBEDDED_MODEL, EMBEDDED_PAIRS
 
-    target = assets_dir() / "qwen35-tiny"
-    drafter = assets_dir() / "qwen35-tiny-dflash"
+    model = args.model or EMBEDDED_MODEL
+    if model not in EMBEDDED_PAIRS:
+        p.error(f"--model: one of {', '.join(EMBEDDED_PAIRS)}")
+    target = assets_dir() / EMBEDDED_PAIRS[model][0]
+    drafter = assets_dir() / EMBEDDED_PAIRS[model][1]
     env = dict(os.environ)
     if Path(OPENBLAS).exists() and OPENBLAS not in env.get("LD_PRELOAD", ""):
         env["LD_PRELOAD"] = ":".join(x for x in (OPENBLAS, env.get("LD_PRELOAD")) if x)
@@ -653,6 +709,8 @@ def main(argv: list[str] | None = None) -> int:
             "{target_f32}": str(target_f32),
             "{drafter}": str(drafter),
             "{policy_config}": str(policy_config),
+            "{toolflash_model}": model,
+            "{target_name}": target.name,
         }
 
         def fill(s: str) -> str:
@@ -673,7 +731,9 @@ def main(argv: list[str] | None = None) -> int:
         ]
         try:
             with running(servers, env, args.start_timeout_s):
-                records = interleaved(servers, prompts, warmup, request, args.repeats, args.seed)
+                records = interleaved(
+                    servers, prompts, warmup, request, args.repeats, args.seed, args.stream
+                )
         except Exception:
             for s in servers:
                 print(f"--- {s.name} log tail ---\n{tail(s)}", file=sys.stderr)
@@ -695,6 +755,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "benchmarks/http_peers.py",
         "command": " ".join(["python", "benchmarks/http_peers.py", *argv]),
         "baseline": baseline,
+        "model": model,
+        "stream": args.stream,
         "servers": server_info,
         "skipped": skipped,
         "request": request,

@@ -65,6 +65,50 @@ def test_parse_stream_times_content_reasoning_and_tool_deltas(hp: ModuleType) ->
     assert r.error is None
 
 
+def test_parse_body_reads_a_complete_response_like_its_stream(hp: ModuleType) -> None:
+    body = {
+        "choices": [
+            {
+                "message": {
+                    "role": "assistant",
+                    "content": "Reading.",
+                    "reasoning_content": "\n\n",
+                    "tool_calls": [
+                        {"function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
+                    ],
+                },
+                "finish_reason": "tool_calls",
+            }
+        ],
+        "usage": {"completion_tokens": 11, "prompt_tokens": 40},
+    }
+    r = hp.parse_body(body, t0=10.0, t_end=10.6)
+    assert r.e2e_s == pytest.approx(0.6) and r.ttft_s is None and not r.decode_timed
+    assert (r.completion_tokens, r.prompt_tokens, r.cached_tokens) == (11, 40, None)
+    assert r.text == "\n\nReading." and r.finish_reason == "tool_calls"
+    assert r.tool_calls == [("read_file", '{"path": "a.py"}')]
+    assert r.output_chars == 35
+    streamed = [
+        (10.1, chunk({"reasoning_content": "\n\n", "content": "Reading."})),
+        (
+            10.2,
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "function": body["choices"][0]["message"]["tool_calls"][0]["function"],
+                        }
+                    ]
+                }
+            ),
+        ),
+    ]
+    assert r.canonical() == hp.parse_stream(streamed, 10.0, 10.6).canonical()
+    err = hp.parse_body({"error": {"message": "boom"}}, 0.0, 1.0)
+    assert err.error == "boom" and err.completion_tokens == 0
+
+
 def test_parse_stream_error_event_and_canonical_form(hp: ModuleType) -> None:
     r = hp.parse_stream([(1.0, 'data: {"error": {"message": "boom"}}')], 0.0, 1.0)
     assert r.error == "boom" and r.ttft_s is None and r.decode_s == 0.0
@@ -152,7 +196,7 @@ def test_data_file_has_one_baseline_and_known_placeholders(hp: ModuleType) -> No
     data = json.loads(hp.DATA.read_text())
     assert sum(bool(s.get("baseline")) for s in data["servers"]) == 1
     known = {"{python}", "{dspark_python}", "{port}", "{target}", "{target_f32}", "{drafter}"}
-    known.add("{policy_config}")
+    known |= {"{policy_config}", "{toolflash_model}", "{target_name}"}
     for s in data["servers"]:
         for arg in [*s["argv"], s["model"]]:
             for part in arg.split("{")[1:]:
