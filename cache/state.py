@@ -22,6 +22,9 @@ class LayerState:
 
     kind: LayerKind
     arrays: tuple[mx.array, ...]
+    # Bytes this layer's state holds outside `arrays` (a pipeline's other ranks keep theirs),
+    # so the prefix cache's byte budget counts the whole state.
+    held_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class SessionState:
         if self.draft is not None:
             arrays.extend(self.draft.keys)
             arrays.extend(self.draft.values)
-        return sum(a.nbytes for a in arrays)
+        return sum(a.nbytes for a in arrays) + sum(layer.held_bytes for layer in self.layers)
 
     def arrays(self) -> list[mx.array]:
         """All arrays, for mx.eval before the state leaves the decode path."""
