@@ -260,13 +260,18 @@ class PipelineTarget:
         return cache
 
     def snapshot(self, cache: PipelineCache) -> tuple[LayerState, ...]:
-        """`cache`'s state: rank 0's layers, then a reference to the other ranks' snapshots."""
+        """`cache`'s state: rank 0's layers, then a reference to the other ranks' snapshots
+        that carries the bytes they keep (the prefix cache's byte budget counts the whole
+        pipeline's share: a total goes round the ring, each rank adding its own)."""
         with self._lock:
             self._next_id += 1
             snapshot_id = self._next_id
             local = export_cache(self.stage.caches[cache.cache_id])
             self._send(Command(SNAPSHOT, cache.cache_id, keep=snapshot_id))
-        remote = LayerState("remote", (mx.array([snapshot_id, cache.offset], dtype=mx.int32),))
+            self._guarded(self.ring.send, mx.array([0], dtype=mx.int64))
+            held = self._guarded(self.ring.recv, (1,), mx.int64, self.timeout_s)
+        ref = mx.array([snapshot_id, cache.offset], dtype=mx.int32)
+        remote = LayerState("remote", (ref,), held_bytes=int(held.item()))
         weakref.finalize(remote, self._freed.append, Command(DROP_SNAPSHOT, keep=snapshot_id))
         return (*local, remote)
 
@@ -389,7 +394,9 @@ def serve_stage(stage: Stage, ring: Ring, slices: Sequence[range], hidden: int) 
         elif cmd.op == ROLLBACK:
             stage.rollback(cmd)
         elif cmd.op == SNAPSHOT:
-            stage.snapshot(cmd.cache_id, cmd.keep)
+            state = stage.snapshot(cmd.cache_id, cmd.keep)
+            held = ring.recv((1,), mx.int64)  # the earlier ranks' bytes; this rank's added
+            ring.send(held + sum(a.nbytes for layer in state for a in layer.arrays))
         elif cmd.op == RESTORE:
             stage.restore(cmd.cache_id, cmd.keep)
         elif cmd.op == DROP_SNAPSHOT:

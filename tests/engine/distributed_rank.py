@@ -20,8 +20,8 @@ from toolflash.engine.api import EngineError, FinishEvent, GenerationRequest, To
 
 
 def run_request(engine: Any, spec: Mapping[str, Any], policy: Any = None) -> dict[str, Any]:
-    """The output tokens of one request and the prompt tokens restored from the prefix cache:
-    {"prompt": ids, "mode", "max_tokens", "plan": {cycle: mode}, "policy": bool (the adaptive
+    """The output tokens of one request, the prompt tokens restored from the prefix cache, and
+    the cache's memory tier after it (entries, bytes): {"prompt": ids, "mode", "max_tokens", "plan": {cycle: mode}, "policy": bool (the adaptive
     policy chooses the modes), "publish_at": prompt positions to snapshot}."""
     request = GenerationRequest(
         tuple(spec["prompt"]),
@@ -46,7 +46,13 @@ def run_request(engine: Any, spec: Mapping[str, Any], policy: Any = None) -> dic
             tokens.extend(event.token_ids)
         elif isinstance(event, FinishEvent):
             cached = event.stats.cached_tokens
-    return {"tokens": tokens, "cached": cached}
+    stats = engine.prefix_cache.stats()
+    return {
+        "tokens": tokens,
+        "cached": cached,
+        "l1_entries": stats["l1_entries"],
+        "l1_bytes": stats["l1_bytes"],
+    }
 
 
 def adaptive_policy(state_dir: str) -> Any:

@@ -135,23 +135,29 @@ def requests_for(engine: Any) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module", params=["toolflash-tiny-qwen3", "toolflash-tiny-qwen35"])
-def reference(request: Any) -> Iterator[tuple[str, list[dict[str, Any]], list[list[int]]]]:
+def reference(
+    request: Any,
+) -> Iterator[tuple[str, list[dict[str, Any]], list[list[int]], dict[str, Any]]]:
     """The single-process engine's outputs for every request."""
     from toolflash.engine.factory import build_engine
 
     engine = build_engine(request.param)
     requests = requests_for(engine)
-    outputs = [run_request(engine, r)["tokens"] for r in requests if not r.get("policy")]
+    results = [run_request(engine, r) for r in requests if not r.get("policy")]
+    outputs = [r["tokens"] for r in results]
     by_prompt = {tuple(r["prompt"]): o for r, o in zip(requests, outputs) if r["mode"] == "ar"}
     # Greedy decoding is lossless in every mode: the policy's output is the AR output.
-    yield request.param, requests, [by_prompt[tuple(r["prompt"])] for r in requests]
+    expected = [by_prompt[tuple(r["prompt"])] for r in requests]
+    yield request.param, requests, expected, results[0]
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_pipeline_matches_single_process(
-    reference: tuple[str, list[dict[str, Any]], list[list[int]]], ranks: int, tmp_path: Path
+    reference: tuple[str, list[dict[str, Any]], list[list[int]], dict[str, Any]],
+    ranks: int,
+    tmp_path: Path,
 ) -> None:
-    model, requests, expected = reference
+    model, requests, expected, first = reference
     assert all(len(tokens) == MAX_TOKENS for tokens in expected)
     processes = start_ranks(tmp_path, ranks, {"model": model, "requests": requests})
     try:
@@ -164,6 +170,10 @@ def test_pipeline_matches_single_process(
     assert [g["tokens"] for g in got] == expected
     # Snapshots crossed the pipeline: every request after a prompt's first restored its head.
     assert [g["cached"] > 0 for g in got] == [i % 5 > 0 for i in range(len(requests))]
+    # The prefix cache's byte budget counts every rank's share of a snapshot: the same bytes
+    # as the single process's, plus the 8-byte reference to the other ranks' shares.
+    assert got[0]["l1_entries"] == first["l1_entries"] > 0
+    assert got[0]["l1_bytes"] == first["l1_bytes"] + 8 * first["l1_entries"]
 
 
 @pytest.mark.parametrize("fault", ["killed", "stopped"])
@@ -185,7 +195,7 @@ def test_lost_rank_is_a_clear_error(fault: str, tmp_path: Path) -> None:
         rank0 = processes[0]
         assert rank0.stdout is not None and rank0.stdin is not None
         first = json.loads(rank0.stdout.readline())
-        assert first == run_request(engine, request)
+        assert first["tokens"] == run_request(engine, request)["tokens"]
         assert rank0.stdout.readline().strip() == "ready"
         if fault == "killed":
             processes[1].kill()
