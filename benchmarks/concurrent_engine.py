@@ -55,9 +55,13 @@ def serial(engine: Any, reqs: list[GenerationRequest]) -> list[list[int]]:
 
 
 def batched(
-    engine: Any, reqs: list[GenerationRequest], rows: int, spec_rows: int
+    engine: Any,
+    reqs: list[GenerationRequest],
+    rows: int,
+    spec_rows: int,
+    prefill_thread: bool | None = None,
 ) -> list[list[int]]:
-    batcher = EngineBatcher(engine, rows, spec_rows=spec_rows)
+    batcher = EngineBatcher(engine, rows, spec_rows=spec_rows, prefill_thread=prefill_thread)
     pending = list(enumerate(reqs))
     out: dict[Any, list[int]] = {}
     while pending or batcher.size:
@@ -82,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--ignore-eos", action="store_true", help="every request runs --max-tokens (random weights)"
     )
+    p.add_argument(
+        "--prefill-thread",
+        choices=("default", "both"),
+        default="default",
+        help="both: every batched configuration also runs without the prefill thread",
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     engine = build_engine(args.model)
@@ -90,10 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     tokens = sum(len(t) for t in reference)
     configs: dict[str, Any] = {"serial": lambda: serial(engine, reqs)}
     for k in (int(r) for r in args.rows.split(",")):
-        if "ar" in args.modes.split(","):
-            configs[f"ar {k}"] = lambda k=k: batched(engine, reqs, k, spec_rows=0)
-        if "spec" in args.modes.split(","):
-            configs[f"spec {k}"] = lambda k=k: batched(engine, reqs, k, spec_rows=k)
+        for mode in args.modes.split(","):
+            spec_rows = k if mode == "spec" else 0
+            configs[f"{mode} {k}"] = lambda k=k, s=spec_rows: batched(engine, reqs, k, s)
+            if args.prefill_thread == "both":
+                configs[f"{mode} {k} no prefill thread"] = lambda k=k, s=spec_rows: batched(
+                    engine, reqs, k, s, prefill_thread=False
+                )
     walls: dict[str, list[float]] = {name: [] for name in configs}
     differ: dict[str, int] = dict.fromkeys(configs, 0)
     for rep in range(args.repeats):

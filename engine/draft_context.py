@@ -97,6 +97,11 @@ class DraftContext:
         self._pending, self._pending_rows = [], 0
         return [(k, v) for k, v in zip(self.keys, self.values) if k is not None and v is not None]
 
+    def arrays(self) -> list[mx.array]:
+        """Every array the context holds (K/V and queued features)."""
+        held = [a for a in (*self.keys, *self.values) if a is not None]
+        return held + [feats for _, feats in self._pending]
+
     def export_state(self) -> DraftState:
         """The context with pending features absorbed (so the state is self-contained)."""
         self.absorb()

@@ -140,28 +140,43 @@ class Lane:
         self._block = 0  # the block of the batched step under way (`batch_mode`)
 
     # -- prefill ---------------------------------------------------------------------------
-    def prefill_step(self, prepare: bool = True) -> Iterator[EngineEvent]:
-        """Feed the next prompt chunk; after the last one, commit the first token and yield
-        its event (and the end, when that token ends the generation). With `prepare` (the
-        lane decodes alone next), the first step's device work starts before the event."""
+    @property
+    def fed(self) -> bool:
+        """Whether all of the prompt is in the session (fed, or restored from the cache)."""
+        return self._pos >= len(self.prompt)
+
+    def feed_next(self, settle: bool = False) -> None:
+        """Feed the next prompt chunk (a sparse prefill: all of its chunks). With `settle`,
+        every array this leaves (the session's, the states to publish) is evaluated, so that
+        the lane may go on on another thread (`EngineBatcher`'s prefill thread)."""
         session = self.session
-        if self._pos < len(self.prompt):  # else the prefix cache held all of it
-            if self.selection is not None:
-                publish_at, self._publish_at = self._publish_at, []
-                session.sparse_feed(
-                    self.prompt, self.selection, self.restored, publish_at, self._deferred.append
-                )
-                self._pos = len(self.prompt)
-            else:
-                stop = self._publish_at[0] if self._publish_at else len(self.prompt)
-                end = min(self._pos + session.prefill_chunk, stop)
-                session.feed_chunk(self.prompt[self._pos : end])
-                self._pos = end
-                if self._publish_at and end == self._publish_at[0]:
-                    self._publish_at.pop(0)
-                    self._deferred.append(session.export_state())
-                if end < len(self.prompt):
-                    return
+        if self.selection is not None:
+            publish_at, self._publish_at = self._publish_at, []
+            session.sparse_feed(
+                self.prompt, self.selection, self.restored, publish_at, self._deferred.append
+            )
+            self._pos = len(self.prompt)
+        else:
+            stop = self._publish_at[0] if self._publish_at else len(self.prompt)
+            end = min(self._pos + session.prefill_chunk, stop)
+            session.feed_chunk(self.prompt[self._pos : end])
+            self._pos = end
+            if self._publish_at and end == self._publish_at[0]:
+                self._publish_at.pop(0)
+                self._deferred.append(session.export_state())
+        if settle:
+            session.settle()
+            mx.eval([a for state in self._deferred for a in state.arrays()])
+
+    def prefill_step(self, prepare: bool = True) -> Iterator[EngineEvent]:
+        """Feed the next prompt chunk (unless `feed_next` fed the last one already); once the
+        prompt is all in, commit the first token and yield its event (and the end, when that
+        token ends the generation). With `prepare` (the lane decodes alone next), the first
+        step's device work starts before the event."""
+        if not self.fed:
+            self.feed_next()
+            if not self.fed:
+                return
         yield from self._first(prepare)
 
     def _first(self, prepare: bool) -> Iterator[EngineEvent]:

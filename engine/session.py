@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from toolflash.cache.state import SessionState, export_cache, restore_cache
 
@@ -245,6 +246,17 @@ class GenerationSession:
         fed = tuple(self._prefilled) if not self.tokens else tuple(self.tokens[: self.fed])
         draft = self.draft_ctx.export_state() if self.draft_ctx is not None else None
         return SessionState(fed, export_cache(self.cache), draft, self.last_logits)
+
+    def settle(self) -> None:
+        """Evaluate every array the session holds (caches, last logits, drafter context), so
+        that another thread may go on from here: MLX streams belong to the thread that made
+        them, and an array left unevaluated can be computed only on that thread."""
+        held: list[object] = [c.state for c in self.cache if not c.empty()]
+        if self.draft_ctx is not None:
+            held.append(self.draft_ctx.arrays())
+        held.append(self.last_logits)
+        flat: list[tuple[str, object]] = tree_flatten(held)  # type: ignore[assignment]
+        mx.eval([a for _, a in flat if isinstance(a, mx.array)])
 
     def load_state(self, state: SessionState) -> None:
         """Resume from `state` (the session must be fresh)."""

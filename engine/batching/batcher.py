@@ -1,19 +1,23 @@
 """Continuous batching over one `DFlashEngine`: requests join at step boundaries, leave the
 moment they finish, and every running sequence advances once per scheduler step.
 
-One `step` = one prefill chunk of the oldest request still prefilling (so a long prompt never
-stalls the running streams for longer than a chunk) + one decode step for every running
-sequence: alone, the sequence runs the full policy (spec cycles or AR, as `generate` does);
-with two or more, one batched forward advances them all (`decode_rule`). A batched
-sequence's caches are rows of `BatchRows`; it gets them back (`extract`) when it runs alone
-again or finishes (the prefix cache publishes from its own caches).
+One `step` = one decode step for every running sequence + one prefill chunk of the oldest
+request still prefilling (so a long prompt never stalls the running streams for longer than a
+chunk). With a prefill thread (`prefill_in_thread`), the chunk is computed there while the
+running sequences go on decoding, and a step collects it once it is done. A decode step: alone,
+the sequence runs the full policy (spec cycles or AR, as `generate` does); with two or more,
+one batched forward advances them all (`decode_rule`). A batched sequence's caches are rows of
+`BatchRows`; it gets them back (`extract`) when it runs alone again or finishes (the prefix
+cache publishes from its own caches).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -23,6 +27,7 @@ from ..api import EngineEvent, GenerationRequest, Mode, ModeController
 from ..host import host_ints
 from ..lane import Lane
 from ..service import DFlashEngine
+from ..targets.pipeline import PipelineTarget
 from .api import Admission, Outcome
 from .memory import MemoryBudget, default_budget_bytes, sequence_cost, weights_bytes
 from .rows import BatchRows
@@ -50,6 +55,15 @@ def decode_rule(running: int, modes: Sequence[Mode] = (), spec_rows: int = SPEC_
     return "batched_spec" if spec else "batched_ar"
 
 
+def prefill_in_thread(device: str, cores: int, pipeline: bool) -> bool:
+    """Whether prompt chunks are computed on a thread of their own, beside the decode steps.
+    On a CPU with two cores or more this puts the second core to work: a chunk takes one
+    core for tens of milliseconds, in which the running sequences take several decode steps
+    on the other. Not on a GPU, where it is not measured yet, nor for a pipeline target,
+    whose ranks take one forward at a time."""
+    return device == "cpu" and cores >= 2 and not pipeline
+
+
 def _row(staged: int, draft: mx.array, width: int) -> mx.array:
     """A verify row: the staged token, the draft, zeros up to `width` (rows past a row's own
     draft are computed and never read)."""
@@ -75,9 +89,21 @@ class EngineBatcher:
         capacity: int = 8,
         memory_limit: int | None = None,
         spec_rows: int = SPEC_ROWS,
+        prefill_thread: bool | None = None,
     ) -> None:
         self.engine = engine
         self.spec_rows = spec_rows
+        if prefill_thread is None:
+            device = mx.default_device().type.name  # "cpu" or "gpu"
+            pipeline = isinstance(engine.target, PipelineTarget)
+            prefill_thread = prefill_in_thread(device, os.cpu_count() or 1, pipeline)
+        self._thread = (
+            ThreadPoolExecutor(1, thread_name_prefix="toolflash-prefill")
+            if prefill_thread
+            else None
+        )
+        # The chunk under way on the prefill thread: its lane is the thread's until it is done.
+        self._chunk: tuple[_Entry, Future[None]] | None = None
         self.capacity = capacity  # sequences admitted at once (the worker enforces it)
         weights = weights_bytes(engine.target.model)
         limit = memory_limit if memory_limit is not None else default_budget_bytes(weights)
@@ -124,7 +150,8 @@ class EngineBatcher:
         """One scheduler step; each key's events (a list ending in a FinishEvent when that
         generation ended, or the exception that ended it)."""
         out: list[tuple[Hashable, Outcome]] = []
-        gone = [e for e in self.prefilling + self.running if e.lane.cancelled]
+        busy = self._chunk[0] if self._chunk is not None else None
+        gone = [e for e in self.prefilling + self.running if e.lane.cancelled and e is not busy]
         out.extend(self._retire(gone, lambda e: e.lane.abort()))
         for entry in [e for e in self.running if e.lane.solo_only]:
             out.extend(self._solo(entry))
@@ -136,8 +163,36 @@ class EngineBatcher:
         # The chunk after the decode step: a request's first token goes out the step its
         # prefill ends, not after a decode step it could have waited for.
         if self.prefilling:
-            out.extend(self._prefill(self.prefilling[0]))
+            out.extend(self._prefill_next())
         return out
+
+    def _prefill_next(self) -> list[tuple[Hashable, Outcome]]:
+        """Prefill work for this step. With a prefill thread: collect the chunk under way once
+        it is done (waiting for it only when nothing decodes), commit the first token of a
+        prompt it completed, and start the next chunk there. Without one (or for a sparse
+        prefill, or a prompt the cache held whole): the oldest request's next chunk, here."""
+        out: list[tuple[Hashable, Outcome]] = []
+        if self._chunk is not None:
+            entry, chunk = self._chunk
+            if self.running and not chunk.done():
+                return []
+            self._chunk = None
+            try:
+                chunk.result()
+            except Exception as exc:
+                return self._fail([entry], exc)
+            if entry.lane.fed and not entry.lane.cancelled:
+                out = self._prefill(entry)  # its first token, here
+        if not self.prefilling:
+            return out
+        entry = self.prefilling[0]
+        if entry.lane.cancelled:
+            return out  # it ends at the next step
+        if self._thread is not None and not entry.lane.solo_only and not entry.lane.fed:
+            entry.lane.session.settle()  # what this thread made (a restored state) is computed
+            self._chunk = (entry, self._thread.submit(entry.lane.feed_next, True))
+            return out
+        return out or self._prefill(entry)
 
     def _prefill(self, entry: _Entry) -> list[tuple[Hashable, Outcome]]:
         try:

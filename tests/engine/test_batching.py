@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Hashable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,16 +24,20 @@ from toolflash.engine.factory import build_engine
 from .model_dirs import write_draft, write_qwen3_target, write_qwen35_target
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen35"])
-def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    root = tmp_path_factory.mktemp(f"models_{request.param}")
-    write = write_qwen3_target if request.param == "qwen3" else write_qwen35_target
+def small_chunk_engine(family: str, root: Path) -> Any:
+    """An engine on a tiny `family` pair written under `root`, with 8-token prefill chunks:
+    prompts take several scheduler steps to prefill."""
+    write = write_qwen3_target if family == "qwen3" else write_qwen35_target
     config = write(root / "target")
     write_draft(root / "draft", config)
     eng = build_engine(str(root / "target"), str(root / "draft"))
-    # Small prefill chunks: prompts take several scheduler steps to prefill.
     eng.options = type(eng.options)(**{**eng.options.__dict__, "prefill_chunk": 8})
     return eng
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen35"])
+def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return small_chunk_engine(request.param, tmp_path_factory.mktemp(f"models_{request.param}"))
 
 
 class Run:
@@ -107,7 +112,7 @@ def test_decode_rule() -> None:
 def test_batched_greedy_equals_alone(engine: Any, offsets: tuple[int, ...]) -> None:
     """Joining at every step position (mid-prefill, mid-decode, mid-spec), leaving at
     different lengths: each sequence's tokens and text are those it produces alone."""
-    batcher = EngineBatcher(engine)
+    batcher = EngineBatcher(engine, prefill_thread=False)
     reqs = [
         GenerationRequest(p, 12 + 7 * i, mode="spec" if i % 2 == 0 else "ar")
         for i, p in enumerate(prompts(engine, len(offsets)))
@@ -133,7 +138,7 @@ def test_batched_greedy_equals_alone(engine: Any, offsets: tuple[int, ...]) -> N
 def test_batched_spec_equals_alone(engine: Any, offsets: tuple[int, ...]) -> None:
     """Every row in spec mode: one batched verify per step, each row keeping its own accepted
     prefix (K/V rolled per row, GatedDeltaNet state per row); outputs as alone."""
-    batcher = EngineBatcher(engine, spec_rows=8)
+    batcher = EngineBatcher(engine, prefill_thread=False, spec_rows=8)
     reqs = [
         GenerationRequest(p, 30 + 9 * i, mode="spec", ignore_eos=True, block_size=4 + 4 * i)
         for i, p in enumerate(prompts(engine, len(offsets)))
@@ -169,7 +174,7 @@ def oracle(reference: list[int], prompt_len: int, wrong_at: int) -> Any:
 
 
 def test_batched_spec_keeps_each_rows_accepted_prefix(engine: Any) -> None:
-    batcher = EngineBatcher(engine, spec_rows=8)
+    batcher = EngineBatcher(engine, prefill_thread=False, spec_rows=8)
     reqs = [
         GenerationRequest(p, 40, mode="spec", ignore_eos=True, block_size=8)
         for p in prompts(engine, 3)
@@ -190,7 +195,7 @@ def test_batched_spec_keeps_each_rows_accepted_prefix(engine: Any) -> None:
 
 
 def test_cancel_one_sequence_mid_batch(engine: Any) -> None:
-    batcher = EngineBatcher(engine)
+    batcher = EngineBatcher(engine, prefill_thread=False)
     ps = prompts(engine, 3)
     cancel = threading.Event()
     reqs = [GenerationRequest(p, 40, mode="ar", ignore_eos=True) for p in ps]
@@ -220,7 +225,9 @@ def test_stop_inside_one_sequence_while_others_continue(engine: Any) -> None:
         GenerationRequest(ps[1], 30, mode="ar", ignore_eos=True, stop_strings=(stop,)),
         GenerationRequest(ps[2], 30, mode="spec", ignore_eos=True),
     ]
-    run = drive(EngineBatcher(engine), {0: [(i, r) for i, r in enumerate(reqs)]})
+    run = drive(
+        EngineBatcher(engine, prefill_thread=False), {0: [(i, r) for i, r in enumerate(reqs)]}
+    )
     assert run.text[1] == full[: full.find(stop)]
     assert run.finish[1].finish_reason == "stop"
     for i in (0, 2):
@@ -235,13 +242,15 @@ def test_sampled_and_logprobs_per_sequence(engine: Any) -> None:
         GenerationRequest(ps[1], 20, mode="ar", logprobs=2, ignore_eos=True),
         GenerationRequest(ps[2], 20, mode="ar", ignore_eos=True),
     ]
-    run = drive(EngineBatcher(engine), {0: [(i, r) for i, r in enumerate(reqs)]})
+    run = drive(
+        EngineBatcher(engine, prefill_thread=False), {0: [(i, r) for i, r in enumerate(reqs)]}
+    )
     for i, req in enumerate(reqs):
         assert run.tokens[i] == alone(engine, req)[0], i
 
 
 def test_refused_request_does_not_disturb_the_batch(engine: Any) -> None:
-    batcher = EngineBatcher(engine)
+    batcher = EngineBatcher(engine, prefill_thread=False)
     too_long = GenerationRequest(tuple([5] * (engine.context_length + 1)), 4)
     with pytest.raises(ContextLengthError):
         batcher.add("x", too_long)
@@ -256,7 +265,7 @@ def test_memory_budget_admits_waits_and_refuses(engine: Any) -> None:
     if engine.target.family == "qwen3_5":
         assert cost.fixed > 0  # GatedDeltaNet state per sequence
     one = cost.bytes_for(300)
-    batcher = EngineBatcher(engine, memory_limit=one + one // 2)
+    batcher = EngineBatcher(engine, prefill_thread=False, memory_limit=one + one // 2)
     req = GenerationRequest(prompts(engine, 1)[0], 300 - len(prompts(engine, 1)[0]))
     assert batcher.admission(req) == "now"
     batcher.add("a", req)
@@ -276,7 +285,9 @@ def test_prefix_cache_hit_inside_a_batch(engine: Any) -> None:
     turn = ps[0] + tuple(out[:-1])
     cached = GenerationRequest(turn + (7, 8, 9), 20, mode="spec", ignore_eos=True)
     other = GenerationRequest(ps[1] + (11,) * 30, 20, mode="ar", ignore_eos=True)
-    run = drive(EngineBatcher(engine), {0: [("cached", cached), ("other", other)]})
+    run = drive(
+        EngineBatcher(engine, prefill_thread=False), {0: [("cached", cached), ("other", other)]}
+    )
     assert run.finish["cached"].stats.cached_tokens == len(turn)
     assert run.tokens["cached"] == alone(engine, cached)[0]
     assert run.tokens["other"] == alone(engine, other)[0]
@@ -291,7 +302,9 @@ def test_constrained_beside_unconstrained(engine: Any) -> None:
         GenerationRequest(ps[1], 40, mode="ar", ignore_eos=True),
         GenerationRequest(ps[2], 40, constraint=OutputConstraint("json"), mode="ar"),
     ]
-    run = drive(EngineBatcher(engine), {0: [(i, r) for i, r in enumerate(reqs)]})
+    run = drive(
+        EngineBatcher(engine, prefill_thread=False), {0: [(i, r) for i, r in enumerate(reqs)]}
+    )
     assert not run.errors
     for i, req in enumerate(reqs):
         assert run.tokens[i] == alone(engine, req)[0], i
@@ -305,7 +318,7 @@ def test_mode_plan_switch_holds_in_a_batch_as_alone(engine: Any) -> None:
     plan: dict[int, Mode] = {2: "ar"}
     switched = GenerationRequest(ps[0], 40, "spec", block_size=4, ignore_eos=True, mode_plan=plan)
     other = GenerationRequest(ps[1], 40, mode="spec", block_size=4, ignore_eos=True)
-    batcher = EngineBatcher(engine, spec_rows=8)
+    batcher = EngineBatcher(engine, prefill_thread=False, spec_rows=8)
     run = drive(batcher, {0: [(0, switched), (1, other)]})
     assert not run.errors
     assert run.tokens[0] == alone(engine, switched)[0]
