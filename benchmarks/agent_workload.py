@@ -42,7 +42,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -66,25 +66,50 @@ __all__ = ["balanced_orders", "build_workload", "class_name", "generate", "main"
 TWO_ARM_FILE = DATA_DIR / "policy_two_arm.yaml"
 
 
-def strategies_for(has_drafter: bool, control: bool) -> tuple[str, ...]:
-    """What runs: mlx-lm and the fixed modes the engine can run, then the policies."""
+def strategies_for(
+    has_drafter: bool, control: bool, variants: Sequence[str] = ()
+) -> tuple[str, ...]:
+    """What runs: mlx-lm and the fixed modes the engine can run, then the policies (each of
+    `variants` as `<main policy>@<name>`)."""
     if has_drafter:
         out: tuple[str, ...] = (BASELINE, "ar", "spec", "lookup", "policy-2arm", "policy-3arm")
     else:
         out = (BASELINE, "ar", "lookup", "policy")
+    main = out[-1]
+    out += tuple(f"{main}@{name}" for name in variants)
     return out + ((CONTROL,) if control else ())
 
 
+def parse_variants(specs: Sequence[str]) -> dict[str, str]:
+    """`NAME=FILE` pairs: a policy variant's name and the YAML file it adds."""
+    out = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path or "@" in name:
+            raise SystemExit(f"--variant wants NAME=FILE (NAME without @), got {spec!r}")
+        if not Path(path).is_file():
+            raise SystemExit(f"--variant {name}: no file {path}")
+        out[name] = path
+    return out
+
+
 def build_policies(
-    strategies: Sequence[str], extra: Sequence[str], seed_state: str | None, root: Path
+    strategies: Sequence[str],
+    extra: Sequence[str],
+    seed_state: str | None,
+    root: Path,
+    variants: Mapping[str, str] | None = None,
 ) -> dict[str, AdaptivePolicy]:
     """A fresh policy per policy strategy, each with its own state file (a copy of
-    `seed_state`, or empty: a cold start)."""
+    `seed_state`, or empty: a cold start); a variant adds its file to its main policy's."""
     files = {
         "policy-2arm": [*extra, str(TWO_ARM_FILE)],
         "policy-3arm": list(extra),
         "policy": list(extra),
     }
+    for name, path in (variants or {}).items():
+        for main in ("policy-3arm", "policy"):
+            files[f"{main}@{name}"] = [*extra, path]
     policies = {}
     for name in strategies:
         if name not in files:
@@ -142,15 +167,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         workload = [w for w in workload if class_name(w.request_class) in args.classes]
         if not workload:
             raise SystemExit(f"no request of classes {args.classes} in the workload")
-    strategies = strategies_for(engine.drafter is not None, args.control)
+    variants = parse_variants(args.variant or ())
+    strategies = strategies_for(engine.drafter is not None, args.control, list(variants))
     root = Path(tempfile.mkdtemp(prefix="agent-workload-"))
     seed = args.state_file
     if args.calibrate:
         seed = calibrated_state(engine, args.policy or [], root / "calibrated")
-    policies = build_policies(strategies, args.policy or [], seed, root)
+    policies = build_policies(strategies, args.policy or [], seed, root, variants)
     # Warm up every path (first calls compile and allocate); not measured, nothing learned.
     for s in strategies:
-        generate(engine, workload[0], s, 16, None if s not in policies else _scratch(s, root))
+        scratch = None if s not in policies else _scratch(s, root, variants)
+        generate(engine, workload[0], s, 16, scratch)
     orders = balanced_orders(len(strategies))
     repeats = short_repeats(engine, workload, args)
     rows: list[dict[str, Any]] = []
@@ -211,9 +238,9 @@ def calibrated_state(engine: Any, extra: Sequence[str], where: Path) -> str:
     return str(state)
 
 
-def _scratch(strategy: str, root: Path) -> AdaptivePolicy:
+def _scratch(strategy: str, root: Path, variants: Mapping[str, str]) -> AdaptivePolicy:
     """A throwaway policy for the warm-up (the measured policies start cold)."""
-    return build_policies([strategy], [], None, root / "warmup" / strategy)[strategy]
+    return build_policies([strategy], [], None, root / "warmup" / strategy, variants)[strategy]
 
 
 def row(rnd: int, pass_: int, item: WorkItem, strategy: str, r: Any, same: bool) -> dict:
@@ -273,6 +300,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--classes", nargs="*", help="run only these classes (e.g. tools.think-off.tool-result)"
     )
     p.add_argument("--policy", nargs="*", help="extra policy YAML files (every policy variant)")
+    p.add_argument(
+        "--variant",
+        nargs="*",
+        metavar="NAME=FILE",
+        help="also run the main policy with FILE on top, as <policy>@NAME, interleaved with the"
+        " rest (an A/B of a policy setting in one run)",
+    )
     start = p.add_mutually_exclusive_group()
     start.add_argument("--state-file", default=None, help="seed every policy with this state")
     start.add_argument(

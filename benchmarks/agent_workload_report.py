@@ -104,11 +104,18 @@ def ratios(cells: Mapping[str, Mapping[str, float]], base: str) -> dict[str, flo
     return {s: c["tok_s"] / ref for s, c in cells.items() if ref > 0}
 
 
+def policy_arms(strategy: str) -> tuple[str, ...] | None:
+    """The arms a policy strategy chooses among (a variant `<policy>@<name>`: its policy's);
+    None for a fixed mode."""
+    return POLICY_ARMS.get(strategy.partition("@")[0])
+
+
 def verdict(cells: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
     """Each policy variant present against its best single arm (within BAR is the target)."""
     out: dict[str, Any] = {}
-    for policy, arms in POLICY_ARMS.items():
-        if policy not in cells or not all(a in cells for a in arms):
+    for policy in cells:
+        arms = policy_arms(policy)
+        if arms is None or not all(a in cells for a in arms):
             continue
         best = max(arms, key=lambda a: cells[a]["tok_s"])
         best_tok_s = cells[best]["tok_s"]
@@ -147,8 +154,8 @@ def targets(m: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     overall = m["cells"]["overall"]
     classes = [g for g in m["cells"] if g != "overall"]
-    for policy in POLICY_ARMS:
-        if policy in overall:
+    for policy in overall:
+        if policy_arms(policy) is not None:
             out[f"{policy}_within_bar_every_class"] = all(
                 m["vs_best_arm"][g].get(policy, {}).get("within_bar", False) for g in classes
             )

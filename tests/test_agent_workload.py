@@ -120,8 +120,10 @@ def report() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def report_no_drafter() -> dict[str, Any]:
-    return _run("--no-drafter")
+def report_no_drafter(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    variant = tmp_path_factory.mktemp("variant") / "model_timing.yaml"
+    variant.write_text("estimates:\n  timing_scope: model\n")
+    return _run("--no-drafter", "--variant", f"model={variant}")
 
 
 def test_every_strategy_decodes_what_ar_decodes(report: dict[str, Any]) -> None:
@@ -177,11 +179,14 @@ def test_report_fields(report: dict[str, Any], tmp_path: Path) -> None:
 def test_no_drafter_runs_ar_lookup_and_the_policy(report_no_drafter: dict[str, Any]) -> None:
     rep = report_no_drafter
     assert rep["draft"] is None
-    assert rep["strategies"] == ["mlx-lm", "ar", "lookup", "policy", "ar-again"]
+    assert rep["strategies"] == ["mlx-lm", "ar", "lookup", "policy", "policy@model", "ar-again"]
     assert rep["outputs_identical"]
+    policies = ("policy", "policy@model")
     assert all(
-        set(r["arm_steps"]) <= {"ar", "lookup"} for r in rep["rows"] if r["strategy"] == "policy"
+        set(r["arm_steps"]) <= {"ar", "lookup"} for r in rep["rows"] if r["strategy"] in policies
     )
+    m = rep["measures"]["wall_median"]
+    assert all(set(v) == set(policies) for v in m["vs_best_arm"].values())
     targets = rep["measures"]["wall_median"]["targets"]
     assert {"lookup_at_least_mlx_lm_every_class", "policy_at_least_mlx_lm_every_class"} <= set(
         targets
