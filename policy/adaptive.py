@@ -67,6 +67,7 @@ class AdaptivePolicy:
             half_life_s=est.half_life_s,
             smallest_bucket=est.smallest_bucket,
             clock=self.clock,
+            timing_scope=est.timing_scope,
         )
         store = None
         if self.persist:

@@ -197,7 +197,7 @@ def records_for(state_dir: str | Path, model: str) -> list[tuple[Path, Calibrati
 
 # Estimates of this machine's speed (seconds per cycle, per AR step, per forced run); the rest
 # (tokens per cycle, forced-run shares) depend on what is generated.
-_TIMING_TABLES = ("cycle_s", "ar_s", "forced_block_s")
+_TIMING_TABLES = ("cycle_s", "ar_s", "cycle_scope_s", "ar_scope_s", "forced_block_s")
 
 
 def seed(target: Estimates, measured: Estimates, timing_weight: float, tau_weight: float) -> int:

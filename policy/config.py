@@ -126,6 +126,13 @@ class EstimateSettings(_Strict):
         " at most 2x the cycle); cycle: draft + verify + rollback",
     )
 
+    timing_scope: Literal["class", "model"] = Field(
+        default="class",
+        description="class: a (class, span) decides on its own step and cycle timings once"
+        " measured (a grammar's masks slow every step of a constrained span), else the model's;"
+        " model: every class on the model's",
+    )
+
     @field_validator("smallest_bucket")
     @classmethod
     def _pow2(cls, v: int) -> int:
@@ -175,6 +182,14 @@ class DecisionSettings(_Strict):
 
     initial_mode: Literal["spec", "ar"] = Field(
         default="spec", description="where nothing is measured yet"
+    )
+    start_caution: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="a start takes the arm whose estimate less this many standard errors is"
+        " highest (0: the highest estimate): spec whose estimate is high but uncertain (a class"
+        " whose requests accept all or nothing) starts in AR, and an opening cycle reads the"
+        " request",
     )
     recheck_every: int = Field(
         default=8, ge=1, description="re-evaluate inside a span every N steps"

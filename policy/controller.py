@@ -304,6 +304,7 @@ class PolicyController:
             running=self.arm,
             initial_mode=self.dec.initial_mode,
             fresh_block=fresh_block,
+            caution=self.dec.start_caution if current is None else 0.0,
         )
 
     def arms(self, rule: SpanRule) -> list[Arm]:

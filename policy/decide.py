@@ -124,10 +124,12 @@ def choose(
     running: Arm,
     initial_mode: str,
     fresh_block: bool = False,
+    caution: float = 0.0,
 ) -> Choice:
     """The arm for `span` among `allowed`, keeping `current` unless another arm is faster by the
-    margin with enough confidence (None: a start, the fastest known arm). With `fresh_block` (a
-    span's first decision), a spec `current` first takes the span's settled block size.
+    margin with enough confidence (None: a start, the best known arm by `start_rank`). With
+    `fresh_block` (a span's first decision), a spec `current` first takes the span's settled
+    block size.
     `running` is the arm the request runs now (the reason says "keep" for it)."""
     if len(allowed) == 1:
         return allowed[0], f"{span}: policy mode {rule.mode}", "forced"
@@ -141,7 +143,7 @@ def choose(
             if arm not in allowed:
                 arm = allowed[0]
             return arm, f"{span}: spec not measured yet, initial {arm_name(arm)}", kind
-        current = max(known, key=lambda a: est[a].tps)
+        current = max(known, key=lambda a: start_rank(est[a], caution))
         if current[0] == "spec":
             current = settled_block(known, est, rule)
         return current, f"{span}: fastest known {fmt(current, est)}", kind
@@ -172,6 +174,14 @@ def choose(
         verb = "keep" if current == running else "block size for this span:"
         return current, f"{span}: {verb} {fmt(current, est)}", kind
     return best, f"{span}: {fmt(best, est)} beats {fmt(current, est)} (p={best_p:.2f})", kind
+
+
+def start_rank(t: Throughput, caution: float) -> float:
+    """What a start ranks an arm by: its estimate less `caution` standard errors. A class whose
+    requests either accept whole blocks or nothing has a high, uncertain spec estimate; starting
+    in spec runs most of its short requests at a loss, where AR with an opening cycle
+    (`request_trials`) finds the ones that accept."""
+    return t.tps - caution * t.std
 
 
 def could_win(bound: Throughput | None, best: Throughput, rule: SpanRule) -> bool:

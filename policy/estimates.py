@@ -3,9 +3,14 @@
 Speculative throughput is tokens per cycle over seconds per cycle, and the two factors depend on
 different things, so they are learned separately and combined at the context length at hand:
 - tokens per cycle (tau) depends on what is generated: keyed by (model, class, span, block size);
-- seconds per spec cycle depends on shapes only: keyed by (model, block size, context bucket);
+- seconds per spec cycle depend on shapes: keyed by (model, block size, context bucket);
 - seconds per AR step likewise: keyed by (model, context bucket).
-Timings are therefore learned from every request of a model, and only tau needs per-class data.
+Timings are learned from every request of a model, and also per (class, span) (`timing_scope`
+"class", the default): a grammar's masks and a span's per-step work add to every step of a
+constrained span (on the agent workload an AR step of a JSON answer or a forced tool call took
+2.6-3.3 ms where free text took 1.9), so the model-wide mean, a mix of them, made AR look slower
+than lookup (learned per class) in free text and faster than it is in JSON. A (class, span)
+reads its own timing once measured, else the model's (`_timing`).
 A spec cycle at block B that accepted `a` draft tokens also says what a smaller block b would have
 committed (`min(a, b - 1) + 1`), so smaller block sizes learn tau from the same measurements.
 Tau never falls with the block size: a larger block's tau is floored by a smaller block's
@@ -44,6 +49,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from .stat import Stat, context_bucket, normal_cdf
+
+__all__ = ["Estimates", "Stat", "Surplus", "Throughput", "context_bucket", "normal_cdf"]
+
 Clock = Callable[[], float]
 
 # Relative noise floors: a handful of identical samples must not look certain.
@@ -58,75 +67,6 @@ _CLIP_AFTER = 4
 PRIOR_SAMPLES = 4.0
 POOL = "*"
 AR_RUNS = 0  # the block key of forced runs that AR steps took
-
-
-def context_bucket(context_len: int, smallest: int = 256) -> int:
-    """The power of two at or above `context_len` (at least `smallest`): comparable contexts."""
-    n = max(int(context_len), 1)
-    return max(smallest, 1 << (n - 1).bit_length())
-
-
-def normal_cdf(z: float) -> float:
-    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
-
-
-class Stat:
-    """Exponentially decayed mean and variance of one quantity."""
-
-    __slots__ = ("weight", "s1", "s2", "count", "updated")
-
-    def __init__(
-        self,
-        weight: float = 0.0,
-        s1: float = 0.0,
-        s2: float = 0.0,
-        count: int = 0,
-        updated: float = 0.0,
-    ) -> None:
-        self.weight = weight
-        self.s1 = s1
-        self.s2 = s2
-        self.count = count  # raw samples ever seen (not decayed)
-        self.updated = updated
-
-    def add(self, x: float, now: float, sample_decay: float, half_life_s: float) -> None:
-        d = sample_decay * _time_decay(now - self.updated, half_life_s) if self.count else 0.0
-        self.weight = self.weight * d + 1.0
-        self.s1 = self.s1 * d + x
-        self.s2 = self.s2 * d + x * x
-        self.count += 1
-        self.updated = now
-
-    def effective(self, now: float, half_life_s: float) -> float:
-        """Decayed weight as of `now` (the effective number of samples)."""
-        return self.weight * _time_decay(now - self.updated, half_life_s)
-
-    @property
-    def mean(self) -> float:
-        return self.s1 / self.weight if self.weight > 0 else 0.0
-
-    @property
-    def var(self) -> float:
-        if self.weight <= 0:
-            return 0.0
-        m = self.s1 / self.weight
-        return max(self.s2 / self.weight - m * m, 0.0)
-
-    def to_list(self) -> list[float]:
-        return [self.weight, self.s1, self.s2, float(self.count), self.updated]
-
-    @classmethod
-    def from_list(cls, values: Iterable[float]) -> Stat:
-        w, s1, s2, n, t = (float(v) for v in values)
-        if not (w >= 0 and n >= 0 and all(math.isfinite(v) for v in (w, s1, s2, n, t))):
-            raise ValueError("bad stat")
-        return cls(w, s1, s2, int(n), t)
-
-
-def _time_decay(age_s: float, half_life_s: float) -> float:
-    if half_life_s <= 0 or age_s <= 0:
-        return 1.0
-    return 0.5 ** (age_s / half_life_s)
 
 
 @dataclass(frozen=True)
@@ -208,11 +148,13 @@ class Estimates:
         half_life_s: float = 6 * 3600.0,
         smallest_bucket: int = 256,
         clock: Clock = time.time,
+        timing_scope: str = "class",
     ) -> None:
         self.sample_decay = 0.5 ** (1.0 / sample_half_life) if sample_half_life > 0 else 1.0
         self.half_life_s = half_life_s
         self.smallest_bucket = smallest_bucket
         self.clock = clock
+        self.timing_scope = timing_scope
         self.tau: dict[TauKey, Stat] = {}
         # Tau per class measured on calibration's built-in prompts (`policy/calibration.py`):
         # a prior like the pooled ones (read before them), never an own measurement, since
@@ -220,6 +162,9 @@ class Estimates:
         self.prior_tau: dict[TauKey, Stat] = {}
         self.cycle_s: dict[CycleKey, Stat] = {}
         self.ar_s: dict[ArKey, Stat] = {}
+        # The same timings per (class, span): every step is added to both (`_timing` reads).
+        self.cycle_scope_s: dict[tuple[str, str, str, int, int], Stat] = {}
+        self.ar_scope_s: dict[tuple[str, str, str, int], Stat] = {}
         # Forced runs per scope: committed tokens of every spec cycle and of the forced ones only
         # (added together, so the ratio of their sums is the decayed forced share), and per
         # forced cycle its seconds and committed tokens, by the block of the arm that ran it
@@ -264,8 +209,10 @@ class Estimates:
         now = self.clock()
         self._add_share((model, label, span), accepted + 1.0, 0.0, now)
         if seconds is not None:
-            key = (model, block_size, self.bucket(context_len))
-            self._add(self.cycle_s, key, seconds, now, True)
+            bucket = self.bucket(context_len)
+            self._add(self.cycle_s, (model, block_size, bucket), seconds, now, True)
+            key = (model, label, span, block_size, bucket)
+            self._add(self.cycle_scope_s, key, seconds, now, True)
         scope = (model, label, span)
         blocks = self._tau_blocks.setdefault(scope, set())
         for b in {block_size, *block_sizes}:
@@ -337,8 +284,10 @@ class Estimates:
         forced run goes to `observe_forced`). `scope` (model, class, span) also counts its
         token for the AR forced share there."""
         now = self.clock()
-        self._add(self.ar_s, (model, self.bucket(context_len)), seconds, now, True)
+        bucket = self.bucket(context_len)
+        self._add(self.ar_s, (model, bucket), seconds, now, True)
         if scope is not None:
+            self._add(self.ar_scope_s, (*scope, bucket), seconds, now, True)
             self._add_ar_share(scope, 1.0, 0.0, now)
 
     def _add(self, table: dict, key: tuple, x: float, now: float, clip: bool = False) -> None:
@@ -355,7 +304,7 @@ class Estimates:
     ) -> Throughput:
         """AR tokens/s at this context length: one-token steps only, or, for a class and span,
         with the forced runs AR steps took there mixed in at their measured share."""
-        stat = self._near(self.ar_s, model, (), self.bucket(context_len))
+        stat = self._timing(self.ar_s, self.ar_scope_s, model, label, span, (), context_len)
         if stat is None:
             return UNKNOWN
         plain = self._rate(1.0, 0.0, stat, self.clock())
@@ -393,7 +342,9 @@ class Estimates:
             if tau is None:
                 return UNKNOWN, 0.0
             n_tau, own = min(tau.effective(now, self.half_life_s), PRIOR_SAMPLES), 0.0
-        cyc = self._near(self.cycle_s, model, (block_size,), self.bucket(context_len))
+        cyc = self._timing(
+            self.cycle_s, self.cycle_scope_s, model, label, span, (block_size,), context_len
+        )
         mean = self._tau_mean(model, label, span, block_size, tau) if own > 0 else tau.mean
         if cyc is None or n_tau <= 0:
             return UNKNOWN, mean
@@ -539,6 +490,25 @@ class Estimates:
         std = tps * math.sqrt(rel + (s_se / mean_s) ** 2)
         return Throughput(tps, std, min(n, n_tokens), prior)
 
+    def _timing(
+        self,
+        pool: dict,
+        scoped: dict,
+        model: str,
+        label: str | None,
+        span: str | None,
+        mid: tuple,
+        context_len: int,
+    ) -> Stat | None:
+        """A timing near this context: the (class, span)'s own where it has one (and
+        `timing_scope` is "class"), else the model's."""
+        bucket = self.bucket(context_len)
+        if self.timing_scope == "class" and label is not None and span is not None:
+            own = self._near(scoped, model, (label, span, *mid), bucket)
+            if own is not None:
+                return own
+        return self._near(pool, model, mid, bucket)
+
     def _near(self, table: dict, model: str, mid: tuple, bucket: int) -> Stat | None:
         """The stat at this bucket, else the nearest bucket that has one (a cold bucket borrows
         its neighbour's timing rather than knowing nothing)."""
@@ -599,6 +569,8 @@ _TABLES: dict[str, tuple[type, ...]] = {
     "prior_tau": (str, str, str, int),
     "cycle_s": (str, int, int),
     "ar_s": (str, int),
+    "cycle_scope_s": (str, str, str, int, int),
+    "ar_scope_s": (str, str, str, int),
     "spec_tokens": (str, str, str),
     "forced_tokens": (str, str, str),
     # Per (scope, arm block); named apart from the per-scope tables of older files (whose

@@ -333,6 +333,7 @@ def ensure_calibrated(
         half_life_s=est.half_life_s,
         smallest_bucket=est.smallest_bucket,
         clock=est.clock,
+        timing_scope=est.timing_scope,
     )
     log.info("calibration.start", model=model, draft=engine.draft_id)
     t0 = time.perf_counter()

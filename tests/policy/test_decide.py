@@ -59,6 +59,17 @@ def test_choose_starts_optimistic_then_fastest_known_and_keeps_within_the_margin
     )
 
 
+def test_a_cautious_start_leaves_an_uncertain_spec_estimate_for_ar() -> None:
+    # A class whose requests accept whole blocks or nothing: spec's mean is high, its spread wide.
+    est = {S16: t(560, 190), AR: t(430, 15)}
+    assert _choose(None, est)[0] == S16  # no caution: the highest estimate
+    arm, reason, kind = _choose(None, est, caution=1.0)
+    assert (arm, kind) == (AR, "start") and "ar 430" in reason
+    assert _choose(None, {S16: t(900, 150), AR: t(430, 15)}, caution=1.0)[0] == S16  # sure win
+    # Caution is a start's only: a span already in spec keeps it within the hysteresis.
+    assert _choose(S16, est, caution=1.0)[0] == S16
+
+
 def test_settled_block_keeps_the_largest_unless_a_smaller_is_clearly_faster() -> None:
     est = {S16: t(600, 100), S8: t(700, 100), S4: t(400, 20)}
     assert settled_block([S16, S8, S4], est, RULE) == S16  # 8 faster, not with confidence

@@ -107,8 +107,9 @@ def test_json_round_trip_and_rejects_malformed() -> None:
     est.observe_spec("m", "c", "json", 8, 5, 0.02, 700, block_sizes=(4,))
     est.observe_ar("m", 0.004, 700)
     copy = Estimates(clock=clock)
-    # 2 blocks x 3 tau pools, cycle, AR, and the forced share's two sums (nothing forced yet)
-    assert copy.load_json(est.to_json()) == 10
+    # 2 blocks x 3 tau pools, cycle (the model's and the class's), AR, and the forced share's
+    # two sums (nothing forced yet)
+    assert copy.load_json(est.to_json()) == 11
     assert copy.surplus("m", "c", "json", 8, 700) == est.surplus("m", "c", "json", 8, 700)
     with pytest.raises(ValueError):
         Estimates().load_json({"tau": [["m", "c", "json", "8", 1, 1, 1, 1, 1]]})
@@ -192,3 +193,28 @@ def test_pooled_priors_applied_when_read_equal_eager_updates() -> None:
     cold = lazy.spec("m", "json", "tool_call", 16, 300)  # no own tau: reads the prior
     assert cold[0].known and cold == eager.spec("m", "json", "tool_call", 16, 300)
     assert lazy.to_json() == eager.to_json()
+
+
+@pytest.mark.parametrize("scope", ["class", "model"])
+def test_step_and_cycle_timings_per_class_and_span(scope: str) -> None:
+    """A constrained span's steps cost more (grammar masks): with timing_scope "class" each
+    (class, span) reads its own AR step and spec cycle times once measured, a class without
+    its own reads the model's mix; with "model" every class reads the mix."""
+    est = Estimates(sample_half_life=1e9, half_life_s=0, clock=FakeClock(), timing_scope=scope)
+    for _ in range(4):
+        est.observe_ar("m", 0.002, 300, ("m", "chat", "text"))
+        est.observe_ar("m", 0.003, 300, ("m", "json", "json"))
+        est.observe_spec("m", "chat", "text", 8, 3, 0.008, 300)
+        est.observe_spec("m", "json", "json", 8, 3, 0.012, 300)
+    chat = est.ar("m", 300, "chat", "text").tps
+    json_ar = est.ar("m", 300, "json", "json").tps
+    other = est.ar("m", 300, "tools", "text").tps
+    assert other == pytest.approx(1 / 0.0025)  # the model's mix
+    chat_spec = est.spec("m", "chat", "text", 8, 300)[0].tps
+    json_spec = est.spec("m", "json", "json", 8, 300)[0].tps
+    if scope == "class":
+        assert chat == pytest.approx(500.0) and json_ar == pytest.approx(1 / 0.003)
+        assert chat_spec == pytest.approx(4 / 0.008) and json_spec == pytest.approx(4 / 0.012)
+    else:
+        assert chat == json_ar == other
+        assert chat_spec == json_spec == pytest.approx(4 / 0.010)

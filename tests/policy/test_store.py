@@ -27,8 +27,9 @@ def test_round_trip_keeps_other_models(tmp_path: Path) -> None:
     assert store.save("m", learned(clock))
     assert store.save("other", learned(clock, "other"))
     fresh = Estimates(clock=clock)
-    # 3 tau pools, cycle, AR; forced share (2 sums), forced seconds and tokens per cycle
-    assert store.load("m", fresh) == 9
+    # 3 tau pools, cycle (the model's and the class's), AR; forced share (2 sums), forced
+    # seconds and tokens per cycle
+    assert store.load("m", fresh) == 10
     assert fresh.forced_share("m", "tools.think-off.user.lt1k", "tool_call") > 0
     surplus = fresh.surplus("m", "tools.think-off.user.lt1k", "tool_call", 8, 400)
     assert surplus == learned(clock).surplus("m", "tools.think-off.user.lt1k", "tool_call", 8, 400)
@@ -54,7 +55,7 @@ def test_corrupt_foreign_and_missing_files_are_ignored(tmp_path: Path) -> None:
     # A corrupt file is replaced by a good one on the next save.
     path.write_text("{not json")
     assert PolicyStore(path).save("m", learned(FakeClock()))
-    assert PolicyStore(path).load("m", Estimates(clock=FakeClock())) == 9
+    assert PolicyStore(path).load("m", Estimates(clock=FakeClock())) == 10
 
 
 def test_unwritable_state_dir_does_not_raise(tmp_path: Path) -> None:
@@ -70,9 +71,9 @@ def test_saved_counts_and_forget_removes_one_model_or_all(tmp_path: Path) -> Non
     store.save("m", learned(clock))
     store.save("other", learned(clock, "other"))
     fresh = Estimates(clock=clock)
-    assert store.saved() == {"m": store.load("m", fresh), "other": 9}
+    assert store.saved() == {"m": store.load("m", fresh), "other": 10}
     assert store.forget("absent") == []
     assert store.forget("m") == ["m"]
-    assert store.saved() == {"other": 9} and store.load("m", Estimates(clock=clock)) == 0
+    assert store.saved() == {"other": 10} and store.load("m", Estimates(clock=clock)) == 0
     store.save("m", learned(clock))
     assert store.forget() == ["m", "other"] and store.saved() == {}
