@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import threading
 import time
@@ -37,9 +38,9 @@ from toolflash.gateway.worker import Job, Prepared
 
 log = structlog.get_logger("toolflash.gateway.upstream")
 
-# Bytes of a conversation's JSON per prompt token, for the request class's length band (the
+# Characters of a conversation's JSON per prompt token, for the request class's length band (the
 # upstream's tokenizer is not here): English text and JSON run about four.
-BYTES_PER_TOKEN = 4
+CHARS_PER_TOKEN = 4
 
 
 class _CancelEvent(threading.Event):
@@ -73,12 +74,9 @@ def upstream_preparer(req: ApiRequest, config: GatewayConfig, request_id: str) -
             frequency_penalty=s.frequency_penalty or 0.0,
             presence_penalty=s.presence_penalty or 0.0,
         )
-        estimate = 0
-        if req.conversation is not None:
-            conv = req.conversation
-            tools = [t.template for t in conv.tools]
-            estimate = len(engine.encode_chat(conv.messages, tools)) // BYTES_PER_TOKEN
-        klass = request_class(req, Prompt((0,) * estimate), sampled=not sampling.greedy)
+        klass = request_class(
+            req, Prompt((0,) * _prompt_estimate(req)), sampled=not sampling.greedy
+        )
         request = GenerationRequest(
             prompt_tokens=(),
             max_tokens=max_tokens,
@@ -90,6 +88,16 @@ def upstream_preparer(req: ApiRequest, config: GatewayConfig, request_id: str) -
         return Prepared(request, klass, max_tokens_clamped=bool(requested and requested > cap))
 
     return prepare
+
+
+def _prompt_estimate(req: ApiRequest) -> int:
+    """Prompt tokens estimated from the conversation's JSON size (the class's length band)."""
+    conv = req.conversation
+    if conv is None:
+        return 0
+    tools = [t.template for t in conv.tools]
+    size = len(json.dumps([list(conv.messages), tools], default=str, ensure_ascii=False))
+    return size // CHARS_PER_TOKEN
 
 
 class UpstreamRoute:

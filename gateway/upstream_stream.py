@@ -94,6 +94,20 @@ async def _first_events(reads: AsyncIterator[bytes], events: SseEvents) -> list[
             return []
 
 
+# How long the rest of a body after `[DONE]` may take (its chunked terminator comes at once).
+DRAIN_TIMEOUT_S = 1.0
+
+
+async def _drain(reads: AsyncIterator[bytes]) -> None:
+    """Read a finished response's body to its end, so its connection goes back to the pool (a
+    response left unread is closed, and the next request pays a TCP connect). A body that does
+    not end within `DRAIN_TIMEOUT_S` is closed instead: the client has its answer already."""
+    with contextlib.suppress(*TRANSPORT_ERRORS, TimeoutError):
+        async with asyncio.timeout(DRAIN_TIMEOUT_S):
+            async for _ in reads:
+                pass
+
+
 class PoolRoute:
     """One pool: its replicas and the requests it streams."""
 
@@ -135,6 +149,7 @@ class PoolRoute:
         replica.in_flight += 1
         replica.requests += 1
         first_at: float | None = None
+        finished: GenerationStats | None = None
         text = ChunkText()
         events = SseEvents()
         data = json.dumps(body).encode()
@@ -169,13 +184,17 @@ class PoolRoute:
                 # Committed to this replica: its first chunk is in.
                 job.push("prepared", replace(prepared, upstream=replica.url))
                 await self._relay(job, replica, first, reads, events, text)
+                succeeded(replica)
+                reason = finish(text.finish_reason)
+                finished = self._finish(job, reason, text, started, first_at)
+                await _drain(reads)
         except Retry:
             raise
         except asyncio.CancelledError:
             # The client left or asked no more: end the job like a cancelled generation.
             if first_at is None:
                 job.push("error", ClientGone("the client went away before the first chunk"))
-            else:
+            elif finished is None:
                 self._finish(job, "cancelled", text, started, first_at)
             raise
         except (*TRANSPORT_ERRORS, UpstreamFailed) as exc:
@@ -189,13 +208,11 @@ class PoolRoute:
             )
         except GatewayError as exc:  # the upstream's own 4xx
             job.push("error", exc)
-        else:
-            succeeded(replica)
-            stats = self._finish(job, finish(text.finish_reason), text, started, first_at)
-            return decode_speed(stats.completion_tokens, stats.decode_s)
         finally:
             replica.in_flight -= 1
-        return None
+        if finished is None:
+            return None
+        return decode_speed(finished.completion_tokens, finished.decode_s)
 
     async def _refused(self, response: httpcore.Response) -> None:
         """A refused request: the upstream's 4xx goes to the client, 429 and 5xx retry."""
@@ -218,10 +235,8 @@ class PoolRoute:
         text: ChunkText,
     ) -> None:
         """Chunks -> TokenEvents, one per network read with text, pushed as they come (no
-        buffering; the reader paces its writes). The body is read to its end, also after
-        `[DONE]` (its terminator follows at once): a response left unread would close its
-        connection, and the next request pay a TCP connect. A silence longer than
-        `idle_timeout_s` is the connection's read timeout (`_timeouts`)."""
+        buffering; the reader paces its writes), up to `[DONE]` or the body's end. A silence
+        longer than `idle_timeout_s` is the connection's read timeout (`_timeouts`)."""
         chunks: list[dict[str, Any]] | None = first
         while chunks is not None:
             piece = ""
@@ -233,8 +248,9 @@ class PoolRoute:
             if piece:
                 job.tokens += 1
                 job.push("event", TokenEvent((), piece))
-            data = await anext(reads, None)
-            chunks = _parse(events, data)
+            if events.done:
+                break
+            chunks = _parse(events, await anext(reads, None))
         tail = text.close()
         if tail:
             job.push("event", TokenEvent((), tail))

@@ -10,13 +10,14 @@ import json
 import re
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.gateway.test_upstream import Servers, wait_healthy
+from tests.gateway.test_upstream import Servers, metric, wait_healthy
 from toolflash.gateway.upstream_choice import NO_SPEED, PoolState, Speed, SpeedTable, choose
 from toolflash.gateway.upstream_config import UpstreamsFile
 from toolflash.gateway.upstream_wire import MalformedEvent, SseEvents
@@ -163,6 +164,34 @@ SCRIPTED = textwrap.dedent(
                 timeout_keep_alive=600)
     """
 )
+# An upstream that sends its whole answer and `[DONE]` in a chunked body, then never ends the
+# body (no terminating chunk, the connection kept open).
+LINGER = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    def chunk(text):
+        return b"%x\\r\\n%s\\r\\n" % (len(text), text)
+    async def serve(reader, writer):
+        head = await reader.readuntil(b"\\r\\n\\r\\n")
+        if head.startswith(b"GET"):
+            writer.write(b"HTTP/1.1 200 OK\\r\\ncontent-length: 2\\r\\nconnection: close\\r\\n\\r\\n{}")
+            await writer.drain(); writer.close(); return
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\\r\\n")[0])
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\\r\\ncontent-type: text/event-stream\\r\\n"
+                     b"transfer-encoding: chunked\\r\\n\\r\\n")
+        for text in ("lin", "ger"):
+            delta = {"choices": [{"index": 0, "delta": {"content": text}}]}
+            writer.write(chunk(b"data: " + json.dumps(delta).encode() + b"\\n\\n"))
+        writer.write(chunk(b"data: [DONE]\\n\\n"))
+        await writer.drain()
+        await asyncio.sleep(3600)
+    async def main():
+        server = await asyncio.start_server(serve, "127.0.0.1", int(sys.argv[1]))
+        await server.serve_forever()
+    asyncio.run(main())
+    """
+)
 TOOL = {
     "type": "function",
     "function": {"name": "f", "parameters": {"type": "object", "properties": {}}},
@@ -177,6 +206,8 @@ def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
         for name, slow_on in (("a", "tools"), ("b", "chat")):
             port = free_port()
             s.start(name, [sys.executable, "-c", SCRIPTED, str(port), slow_on], port)
+        port = free_port()
+        s.start("linger", [sys.executable, "-c", LINGER, str(port)], port)
         common = {"model": "m", "health_interval_s": 3600}
         pools: dict[str, Any] = {
             "route": "surplus",
@@ -185,6 +216,7 @@ def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
             "pools": [
                 {**common, "name": "a", "urls": [f"{s.urls['a']}/v1"]},
                 {**common, "name": "b", "urls": [f"{s.urls['b']}/v1"]},
+                {"model": "linger", "urls": [f"{s.urls['linger']}/v1"], "idle_timeout_s": 20},
             ],
         }
         (tmp / "upstreams.yaml").write_text(json.dumps(pools))
@@ -257,3 +289,20 @@ def test_requests_reuse_the_upstream_connection(scripted: Servers) -> None:
         stats = httpx.get(f"{scripted.urls[name]}/stats").json()
         assert len(stats["posts"]) >= 3
         assert stats["ports"] == 1, stats  # every completion on one kept-alive connection
+
+
+def test_an_answer_is_not_held_by_a_body_that_does_not_end(scripted: Servers) -> None:
+    """`[DONE]` ends the answer: the client has it at once though the upstream keeps its body
+    open; the gateway closes that connection soon after (the slot is free again)."""
+    gw = scripted.urls["gateway"]
+    body = {"model": "linger", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    for _ in range(2):
+        t0 = time.monotonic()
+        r = httpx.post(f"{gw}/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "linger"
+        assert time.monotonic() - t0 < 5  # far under the 20 s idle timeout
+    deadline = time.monotonic() + 5
+    while metric(gw, "in_flight", f"{scripted.urls['linger']}/v1") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(gw, "in_flight", f"{scripted.urls['linger']}/v1") == 0
