@@ -306,3 +306,23 @@ def test_an_answer_is_not_held_by_a_body_that_does_not_end(scripted: Servers) ->
     while metric(gw, "in_flight", f"{scripted.urls['linger']}/v1") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert metric(gw, "in_flight", f"{scripted.urls['linger']}/v1") == 0
+
+
+def test_streams_pass_through_as_the_upstream_sends(scripted: Servers) -> None:
+    """No buffering: the routed stream's content arrives spread over the upstream's own pacing
+    (40 chunks 5 ms apart), not at once at the end."""
+    gw = scripted.urls["gateway"]
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 40,
+        "stream": True,
+    }
+    arrivals = []
+    with httpx.stream("POST", f"{gw}/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {") and '"content":"tok' in line.replace(" ", ""):
+                arrivals.append(time.monotonic())
+    assert len(arrivals) >= 5
+    assert arrivals[-1] - arrivals[0] > 0.1  # the upstream took ~0.2 s to send them
