@@ -10,11 +10,11 @@ stream: the routed stream's time against the direct one's, in %). The gateway is
 `toolflash serve --no-local-model --upstreams FILE`. Figures are medians of the per-pair
 differences; targets (issue #35): <= 2 ms per request, streaming per-token overhead <= 3%.
 
-`--baseline-path DIR` adds a second gateway run from another tree (DIR holds a `toolflash`
-package, e.g. an older commit's `git archive` with the package's folders linked in), measured
-in the same rounds: before and after figures from one sitting. `--upstream-path DIR` runs the
-tiny-model upstream from such a tree too (what is measured is the gateway; a stable upstream
-keeps others' work in progress in this tree out of the figures).
+Before and after in one sitting: `--baseline-commit REV` adds a second gateway, run from that
+commit of this repository, measured in the same rounds (`*_baseline` figures);
+`--gateway-commit REV` runs the measured gateway from a commit instead of this working tree,
+and `--upstream-commit REV` the tiny-model upstream (what is measured is the gateway: a fixed
+upstream keeps work in progress in a shared tree out of the figures).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import tomllib
 
 from toolflash.ports import free_port
 
@@ -148,21 +150,32 @@ def pairs(
     return out
 
 
+def package_at(commit: str, into: Path) -> Path:
+    """`commit` of this repository as an importable `toolflash` package: the directory to
+    put first on PYTHONPATH (its top-level folders linked in as pyproject's package-dir maps
+    them)."""
+    tree, pkg = into / f"tree-{commit}", into / f"pkg-{commit}"
+    if pkg.exists():
+        return pkg
+    tree.mkdir()
+    archive = subprocess.run(["git", "archive", commit], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    dirs = tomllib.loads((tree / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    shutil.copytree(tree / dirs["toolflash"], pkg / "toolflash")
+    for name, folder in dirs.items():
+        if name != "toolflash":
+            (pkg / name.replace(".", "/")).symlink_to(tree / folder)
+    return pkg
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--stream-tokens", type=int, default=256)
     p.add_argument("--json", default="benchmarks/results/upstream_overhead.json")
-    p.add_argument(
-        "--baseline-path",
-        help="a directory holding another tree's `toolflash` package: its gateway is measured"
-        " in the same rounds (`*_baseline` figures)",
-    )
-    p.add_argument(
-        "--upstream-path",
-        help="a directory holding another tree's `toolflash` package to run the tiny-model"
-        " upstream from",
-    )
+    p.add_argument("--baseline-commit", help="a second gateway from this commit, same rounds")
+    p.add_argument("--gateway-commit", help="the measured gateway from this commit")
+    p.add_argument("--upstream-commit", help="the tiny-model upstream from this commit")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="upstream-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
@@ -175,12 +188,13 @@ def main() -> int:
         procs.append(proc)
         return proc
 
-    def from_tree(path: str | None) -> dict[str, Any]:
-        """A process's environment to import toolflash from another tree (its package first
-        on the path; run from elsewhere, so this working directory does not shadow it)."""
-        if path is None:
+    def from_commit(commit: str | None) -> dict[str, Any]:
+        """A process's environment to import toolflash from `commit` (its package first on the
+        path; run from elsewhere, so this working directory does not shadow it)."""
+        if commit is None:
             return {}
-        return {"env": {**os.environ, "PYTHONPATH": str(Path(path).resolve())}, "cwd": str(tmp)}
+        path = package_at(commit, tmp)
+        return {"env": {**os.environ, "PYTHONPATH": str(path)}, "cwd": str(tmp)}
 
     try:
         canned_port, tiny_port, gw_port = free_port(), free_port(), free_port()
@@ -192,7 +206,7 @@ def main() -> int:
             ["toolflash", "serve", "--port", str(tiny_port), "--policy", "off", "--mode", "ar"]
             + ["--no-calibrate", "--state-dir", str(tmp / "state"), "--log-level", "warning"],
             "tiny",
-            **from_tree(args.upstream_path),
+            **from_commit(args.upstream_commit),
         )
         pools = {
             "pools": [
@@ -215,21 +229,34 @@ def main() -> int:
         ]
         waits = [(canned, cp), (tiny, tp)]
         waits.append(
-            (gateway, start(serve + ["--port", str(gw_port), "--log-level", "warning"], "gateway"))
+            (
+                gateway,
+                start(
+                    serve + ["--port", str(gw_port), "--log-level", "warning"],
+                    "gateway",
+                    **from_commit(args.gateway_commit),
+                ),
+            )
         )
-        if args.baseline_path:
+        if args.baseline_commit:
             base_port = free_port()
             gateways["baseline"] = f"http://127.0.0.1:{base_port}"
             bp = start(
                 serve + ["--port", str(base_port), "--log-level", "warning"],
                 "baseline",
-                **from_tree(args.baseline_path),
+                **from_commit(args.baseline_commit),
             )
             waits.append((gateways["baseline"], bp))
         for url, proc in waits:
             wait_healthy(url, proc)
         msg = [{"role": "user", "content": "Count"}]
-        out: dict[str, Any] = {"repeats": args.repeats, "stream_tokens": args.stream_tokens}
+        out: dict[str, Any] = {
+            "repeats": args.repeats,
+            "stream_tokens": args.stream_tokens,
+            "gateway_commit": args.gateway_commit or "working tree",
+            "baseline_commit": args.baseline_commit,
+            "upstream_commit": args.upstream_commit or "working tree",
+        }
         with httpx.Client(timeout=120) as client:
             n = args.repeats
             out["canned_request"] = pairs(
@@ -271,7 +298,7 @@ def main() -> int:
                 max(5, n // 3),
             )
         c = out["canned_stream"]
-        for suffix in ("", "_baseline") if args.baseline_path else ("",):
+        for suffix in ("", "_baseline") if args.baseline_commit else ("",):
             out[f"gateway_us_per_streamed_token{suffix}"] = round(
                 1e3 * c[f"overhead_median_ms{suffix}"] / args.stream_tokens, 2
             )
@@ -287,6 +314,8 @@ def main() -> int:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 os.kill(proc.pid, signal.SIGKILL)
+        for tree in tmp.glob("tree-*"):  # the commits' checkouts (the logs stay)
+            shutil.rmtree(tree, ignore_errors=True)
     return 0
 
 
