@@ -240,7 +240,10 @@ def build_server(
     policy = _policy(args) if settings.local_model else None
     plan = startup_plan(settings, config, policy) if settings.local_model else {}
     if upstreams is not None:
-        plan["upstreams"] = {p.model: list(p.urls) for p in upstreams.pools}
+        plan["upstreams"] = {
+            p.pool_name: {"model": p.model, "urls": list(p.urls)} for p in upstreams.pools
+        }
+        plan["upstream_route"] = upstreams.route
     structlog.get_logger("toolflash.serve").info("serve_starting", **plan)
     app = create_app(
         _engine_factory(args, policy, pipeline, built) if settings.local_model else None,
