@@ -187,7 +187,10 @@ class UpstreamRoute:
             pool, replica = chosen
             tried.add(replica.url)
             body = chat_body(req, pool.pool.sent_model, prepared.request.max_tokens)
-            why = reason if pool is order[0] and not errors else f"pool {pool.name}: retry"
+            if len(self.pools) == 1:
+                why = ""  # nothing to choose: the record says which replica only
+            else:
+                why = reason if pool is order[0] and not errors else f"pool {pool.name}: retry"
             try:
                 speed = await pool.stream(job, replica, body, replace(prepared, route=why))
             except Retry as exc:
