@@ -90,9 +90,9 @@ def choose(
     by_load = sorted(ready, key=lambda p: p.load or 0.0)  # stable: the file's order on ties
     if mode == "least_loaded" or len(ready) == 1:
         first = by_load[0]
+        why = "the only one with a replica free" if len(ready) == 1 else "least loaded"
         return Choice(
-            tuple(p.name for p in by_load) + rest,
-            f"pool {first.name}: least loaded ({first.load:.2f})",
+            tuple(p.name for p in by_load) + rest, f"pool {first.name}: {why} ({first.load:.2f})"
         )
     unmeasured = sorted(
         (p for p in by_load if p.speed.samples < min_samples), key=lambda p: p.speed.samples

@@ -74,6 +74,10 @@ def test_pools_that_cannot_take_the_request_come_last_and_least_loaded_mode() ->
     pools = [PoolState("a", None, FAST), PoolState("b", 0.5, SLOW), PoolState("c", 0.25, SLOW)]
     assert choose(pools, "surplus", "chat", 0.9, 0.1, 3).order == ("b", "c", "a")
     assert choose(pools, "least_loaded", "chat", 0.9, 0.1, 3).order == ("c", "b", "a")
+    one_free = choose(
+        [PoolState("a", None, FAST), PoolState("b", 0.5)], "surplus", "c", 0.9, 0.1, 3
+    )
+    assert one_free.order == ("b", "a") and "the only one with a replica free" in one_free.reason
     none_free = [PoolState("a", None), PoolState("b", None)]
     assert choose(none_free, "surplus", "chat", 0.9, 0.1, 3).order == ("a", "b")
 
