@@ -124,12 +124,12 @@ def pairs(
     r_times: dict[str, list[float]] = {name: [] for name in routed}
     deltas: dict[str, list[float]] = {name: [] for name in routed}
     ratios: dict[str, list[float]] = {name: [] for name in routed}
-    chunks = 0
+    chunks: dict[str, int] = {}
     for i in range(n + 2):
         d, _ = timed(client, f"{direct}/v1/chat/completions", body)
         times = {}
         for name, url in routed.items():
-            times[name], chunks = timed(
+            times[name], chunks[name] = timed(
                 client, f"{url}/v1/chat/completions", {**body, "model": model}
             )
         if i < 2:  # warm-up: connections, first-request paths
@@ -145,7 +145,7 @@ def pairs(
         out[f"routed_median_ms{suffix}"] = round(1e3 * statistics.median(r_times[name]), 3)
         out[f"overhead_median_ms{suffix}"] = round(1e3 * statistics.median(deltas[name]), 3)
         out[f"overhead_median_pct{suffix}"] = round(100 * statistics.median(ratios[name]), 2)
-    out["routed_chunks"] = chunks
+        out[f"routed_chunks{suffix}"] = chunks[name]  # the last round's
     out["runs"] = n
     return out
 
@@ -176,6 +176,12 @@ def main() -> int:
     p.add_argument("--baseline-commit", help="a second gateway from this commit, same rounds")
     p.add_argument("--gateway-commit", help="the measured gateway from this commit")
     p.add_argument("--upstream-commit", help="the tiny-model upstream from this commit")
+    p.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        help="every gateway's --stream-interval-ms (unset: each gateway's default, which"
+        " commits may differ on)",
+    )
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="upstream-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
@@ -227,6 +233,8 @@ def main() -> int:
             "--upstreams",
             str(tmp / "upstreams.yaml"),
         ]
+        if args.stream_interval_ms is not None:
+            serve += ["--stream-interval-ms", str(args.stream_interval_ms)]
         waits = [(canned, cp), (tiny, tp)]
         waits.append(
             (
@@ -256,6 +264,7 @@ def main() -> int:
             "gateway_commit": args.gateway_commit or "working tree",
             "baseline_commit": args.baseline_commit,
             "upstream_commit": args.upstream_commit or "working tree",
+            "stream_interval_ms": args.stream_interval_ms,
         }
         with httpx.Client(timeout=120) as client:
             n = args.repeats
