@@ -246,6 +246,11 @@ class Lane:
         lazy = self.session.chooser.choice_ahead(logits, 0)
         return lazy if lazy is not None else self.session.chooser.choose(logits)
 
+    def choice_after_next(self, logits: mx.array) -> mx.array | None:
+        """The token after the one this step commits, from this row's logits [V] of a forward
+        queued ahead (on the device; None where the chooser needs the host)."""
+        return self.session.chooser.choice_ahead(logits, 1)
+
     def commit_row(
         self, token: int, logits: mx.array, features: mx.array | None, step_s: float, rows: int
     ) -> list[EngineEvent]:

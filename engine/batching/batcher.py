@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import structlog
@@ -27,6 +28,7 @@ from ..api import EngineEvent, GenerationRequest, Mode, ModeController
 from ..host import host_ints
 from ..lane import Lane
 from ..service import DFlashEngine
+from ..targets.base import ForwardResult
 from ..targets.pipeline import PipelineTarget
 from .api import Admission, Outcome
 from .memory import MemoryBudget, default_budget_bytes, sequence_cost, weights_bytes
@@ -74,6 +76,17 @@ def _row(staged: int, draft: mx.array, width: int) -> mx.array:
 
 
 @dataclass
+class _Ahead:
+    """A batched AR forward queued before the step that feeds it commits (its input is that
+    step's still-lazy choices): the rows it was queued for, its result (tape kept, so `undo`
+    can take it back), and each row's next choice, lazy."""
+
+    keys: tuple[Hashable, ...]
+    result: ForwardResult
+    choices: list[mx.array]
+
+
+@dataclass
 class _Entry:
     key: Hashable
     lane: Lane
@@ -110,6 +123,8 @@ class EngineBatcher:
         self.budget = MemoryBudget(sequence_cost(engine.target), limit)
         self.rows = BatchRows(engine.target)
         self.capture = engine.drafter.config.target_layer_ids if engine.drafter else ()
+        # The next batched AR forward, queued ahead (`_batched`); undone before the rows change.
+        self._ahead: _Ahead | None = None
         self.prefilling: list[_Entry] = []
         # Rows first, in row order; a sequence that just finished prefill after them.
         self.running: list[_Entry] = []
@@ -211,6 +226,7 @@ class EngineBatcher:
 
     def _solo(self, entry: _Entry) -> list[tuple[Hashable, Outcome]]:
         if entry.row:  # the batch shrank to this one: its caches become its own again
+            self._undo_ahead()
             entry.lane.session.cache = self.rows.extract(0)
             self.rows.keep([])
             entry.row = False
@@ -228,6 +244,7 @@ class EngineBatcher:
         alone = [e for e in self.running if e.lane.solo_only]  # stepped by `step` itself
         for entry in self.running:
             if not entry.row and not entry.lane.solo_only:
+                self._undo_ahead()
                 entry.lane.leave_solo()
                 self.rows.admit(entry.lane.session.cache)
                 entry.lane.session.cache = []  # the batch holds its state now
@@ -238,18 +255,27 @@ class EngineBatcher:
         lanes = [e.lane for e in entries]
         modes = [lane.batch_mode() for lane in lanes]
         if decode_rule(len(lanes), modes, self.spec_rows) == "batched_spec":
+            self._undo_ahead()
             return self._batched_spec(entries)
+        keys = tuple(e.key for e in entries)
         try:
             t0 = time.perf_counter()
-            res = self.rows.forward([lane.session.staged for lane in lanes], self.capture)
-            logits = res.logits[:, -1]
-            choices = [lane.choice(logits[i]) for i, lane in enumerate(lanes)]
+            ahead = self._ahead if self._ahead is not None and self._ahead.keys == keys else None
+            if ahead is None:
+                self._undo_ahead()
+                res = self.rows.forward([lane.session.staged for lane in lanes], self.capture)
+                choices = [lane.choice(res.logits[i, -1]) for i, lane in enumerate(lanes)]
+            else:
+                self._ahead = None
+                res, choices = ahead.result, list(ahead.choices)
+            self._queue_ahead(keys, lanes, choices)
             lazy = [c for c in choices if isinstance(c, mx.array)]
             values = iter(host_ints(mx.stack(lazy)) if lazy else [])  # the step's one host sync
             tokens = [c if isinstance(c, int) else next(values) for c in choices]
             step_s = time.perf_counter() - t0
         except Exception as exc:
             return self._fail(entries, exc)
+        logits = res.logits[:, -1]
         return self._commit_rows(
             entries,
             lambda i, lane: lane.commit_row(
@@ -261,6 +287,32 @@ class EngineBatcher:
             ),
         )
 
+    def _queue_ahead(
+        self, keys: tuple[Hashable, ...], lanes: list[Lane], choices: Sequence[mx.array | int]
+    ) -> None:
+        """Queue the next batched AR forward on this step's lazy choices before the host reads
+        them, as an AR step alone does, so the device runs on while the rows commit. Only
+        where every row chooses on the device and none is at its last token; a step that
+        finds the rows changed (a row ended or joined, a mode switched) takes it back."""
+        if not all(isinstance(c, mx.array) for c in choices):
+            return
+        if any(lane.matcher.remaining <= 1 for lane in lanes):
+            return
+        res = self.rows.forward(list(choices), self.capture, keep_tape=True)
+        nxt = [lane.choice_after_next(res.logits[i, -1]) for i, lane in enumerate(lanes)]
+        if any(c is None for c in nxt):
+            self.rows.undo(res)
+            return
+        ready = [c for c in nxt if c is not None]
+        mx.async_eval(ready)
+        self._ahead = _Ahead(keys, res, ready)
+
+    def _undo_ahead(self) -> None:
+        """Take back the queued forward (before the rows change, or when it is not used)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            self.rows.undo(ahead.result)
+
     def _commit_rows(
         self, entries: list[_Entry], commit: Callable[[int, Lane], list[EngineEvent]]
     ) -> list[tuple[Hashable, Outcome]]:
@@ -270,7 +322,7 @@ class EngineBatcher:
         for i, entry in enumerate(entries):
             lane = entry.lane
             # A lane that ends here takes its row back first (it publishes from its own).
-            lane.reclaim = lambda i=i: self.rows.extract(i)
+            lane.reclaim = lambda i=i: self._reclaim(i)
             try:
                 events: Outcome = commit(i, lane)
             except Exception as exc:
@@ -284,9 +336,15 @@ class EngineBatcher:
             alone = [e for e in self.running if e not in entries]
             for i in finished:
                 self.budget.release(entries[i].key)
+            self._undo_ahead()
             self.rows.keep([i for i in range(len(entries)) if i not in finished])
             self.running = [e for i, e in enumerate(entries) if i not in finished] + alone
         return out
+
+    def _reclaim(self, row: int) -> list[Any]:
+        """Row `row`'s caches for its lane, which ends (the queued forward taken back first)."""
+        self._undo_ahead()
+        return self.rows.extract(row)
 
     def _batched_spec(self, entries: list[_Entry]) -> list[tuple[Hashable, Outcome]]:
         """One speculative cycle for every row: each drafts its own block (its own drafter
@@ -337,6 +395,7 @@ class EngineBatcher:
 
     def _fail(self, entries: list[_Entry], exc: BaseException) -> list[tuple[Hashable, Outcome]]:
         log.error("batch_step_failed", rows=len(entries), error=repr(exc))
+        self._ahead = None  # the rows' state is lost with them: nothing to take back
         for entry in entries:
             self._detach(entry)
             entry.lane.release()
@@ -349,6 +408,7 @@ class EngineBatcher:
             self.prefilling.remove(entry)
         if entry in self.running:
             if entry.row:
+                self._undo_ahead()
                 rows = [e for e in self.running if e.row]
                 i = rows.index(entry)
                 entry.lane.session.cache = self.rows.extract(i)

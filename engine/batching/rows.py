@@ -16,6 +16,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..targets.base import ForwardResult, TargetAdapter
+from .verify import rollback_rows
 
 
 class BatchRows:
@@ -55,12 +56,19 @@ class BatchRows:
         assert self.layers is not None
         return [layer.extract(row) for layer in self.layers]
 
-    def forward(self, tokens: Sequence[int | mx.array], capture: Sequence[int]) -> ForwardResult:
+    def forward(
+        self, tokens: Sequence[int | mx.array], capture: Sequence[int], keep_tape: bool = False
+    ) -> ForwardResult:
         """One target forward of one token per row ([B, 1]); logits [B, 1, V], features
-        [B, 1, F] when `capture` names layers."""
+        [B, 1, F] when `capture` names layers. With `keep_tape`, `undo` can take it back."""
         assert self.layers is not None and len(tokens) == self.size
         column = mx.stack([mx.array(t).reshape(()) for t in tokens])[:, None].astype(mx.int32)
-        return self.target.forward(column, self.layers, capture)
+        return self.target.forward(column, self.layers, capture, keep_tape=keep_tape)
+
+    def undo(self, result: ForwardResult) -> None:
+        """Take back the last forward (`result`, run with keep_tape over these rows)."""
+        assert self.layers is not None
+        rollback_rows(self.layers, result, [0] * self.size)
 
     def verify(self, block: mx.array, capture: Sequence[int]) -> ForwardResult:
         """One target forward of a block per row ([B, L]), keeping what `rollback_rows`

@@ -19,6 +19,7 @@ from toolflash.engine.api import (
     TokenEvent,
 )
 from toolflash.engine.batching.batcher import EngineBatcher, decode_rule
+from toolflash.engine.batching.rows import BatchRows
 from toolflash.engine.factory import build_engine
 
 from .model_dirs import write_draft, write_qwen3_target, write_qwen35_target
@@ -325,3 +326,32 @@ def test_mode_plan_switch_holds_in_a_batch_as_alone(engine: Any) -> None:
     modes = [c.mode for c in run.finish[0].stats.cycles]
     assert modes[:2] == ["spec", "spec"] and set(modes[2:]) == {"ar"} and len(modes) > 4
     assert any(c.rows == 2 for c in run.finish[0].stats.cycles[2:])
+
+
+def test_batched_ar_steps_queue_the_next_forward(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batched AR step queues the next one's forward on its lazy choices (as an AR step
+    alone does), so in steady state no step computes its own forward; rows ending at
+    different lengths take the queued forward back, and every row's tokens are those it
+    produces alone."""
+    kinds: list[str] = []
+    forward = BatchRows.forward
+
+    def recorded(self: BatchRows, *args: Any, keep_tape: bool = False, **kwargs: Any) -> Any:
+        kinds.append("queued" if keep_tape else "in step")
+        return forward(self, *args, keep_tape=keep_tape, **kwargs)
+
+    monkeypatch.setattr(BatchRows, "forward", recorded)
+    reqs = [
+        GenerationRequest(p, 20 + 9 * i, mode="ar", ignore_eos=True)
+        for i, p in enumerate(prompts(engine, 3))
+    ]
+    batcher = EngineBatcher(engine, prefill_thread=False)
+    run = drive(batcher, {0: [(i, r) for i, r in enumerate(reqs)]})
+    assert not run.errors
+    # In the step: the first batched step, and the first after each of two rows ended.
+    assert kinds.count("in step") <= 3 and kinds.count("queued") >= 20
+    assert batcher.rows.layers is None
+    for i, req in enumerate(reqs):
+        assert run.tokens[i] == alone(engine, req)[0], i
