@@ -153,6 +153,37 @@ def test_cancelled_job_frees_its_slot_at_once(engine: Any) -> None:
         worker.stop()
 
 
+def test_client_leaving_during_a_long_prefill_disturbs_no_one(engine: Any) -> None:
+    """A job whose client leaves while its long prompt prefills (on the prefill thread, where
+    the machine has two cores) ends without output; the job decoding beside it and the next
+    job get the tokens they get alone."""
+    running = GenerationRequest(requests(engine, 1)[0].prompt_tokens, 120, ignore_eos=True)
+    long_prompt = tuple(engine.encode("the quick brown fox jumps over the lazy dog " * 300))
+    assert len(long_prompt) > 4 * engine.options.prefill_chunk
+    after = requests(engine, 3)[2]
+    worker = started(engine, max_batch=3)
+
+    async def main() -> None:
+        a = job("a", running)
+        worker.submit(a)
+        results = asyncio.create_task(collect(a))
+        await until(lambda: worker.running == 1)
+        b = job("b", GenerationRequest(long_prompt, 8))
+        worker.submit(b)
+        await b.wait_prepared()
+        b.cancel.set()
+        c = job("c", after)
+        worker.submit(c)
+        assert await collect(c) == alone(engine, after)
+        assert await results == alone(engine, running)
+        await until(lambda: worker.running == 0)
+
+    try:
+        asyncio.run(main())
+    finally:
+        worker.stop()
+
+
 def test_engines_without_a_batcher_run_one_job_at_a_time() -> None:
     fake = FakeEngine()
     batcher = batcher_for(fake, 8)
