@@ -121,7 +121,7 @@ def test_pools_file_names_and_route() -> None:
 
 # An OpenAI-compatible upstream that streams `n` chunks with a delay between them: `slow_on`
 # ("tools" or "chat") names the requests it decodes 4x slower. GET /stats: completions served
-# and the client ports they came from (one port: one kept-alive connection).
+# and the client port each came from (one port: one kept-alive connection).
 SCRIPTED = textwrap.dedent(
     """
     import asyncio, json, sys
@@ -131,7 +131,7 @@ SCRIPTED = textwrap.dedent(
     from starlette.routing import Route
 
     SLOW_ON = sys.argv[2]
-    posts, ports = [], set()
+    posts, ports = [], []
 
     def chunk(delta, finish=None, usage=None):
         c = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
@@ -144,7 +144,7 @@ SCRIPTED = textwrap.dedent(
         body = await request.json()
         kind = "tools" if body.get("tools") else "chat"
         posts.append(kind)
-        ports.add(request.client.port)
+        ports.append(request.client.port)
         n = int(body.get("max_tokens") or 16)
         delay = 0.02 if kind == SLOW_ON else 0.005
         async def events():
@@ -160,7 +160,7 @@ SCRIPTED = textwrap.dedent(
         return JSONResponse({"status": "ok"})
 
     async def stats(request):
-        return JSONResponse({"posts": posts, "ports": len(ports)})
+        return JSONResponse({"posts": posts, "ports": ports})
 
     app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"]),
                             Route("/health", health), Route("/stats", stats)])
@@ -283,16 +283,19 @@ def test_requests_reuse_the_upstream_connection(scripted: Servers) -> None:
     gw = scripted.urls["gateway"]
     for stream in (False, True):
         body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
-        for _ in range(3):
+        for _ in range(4):
             with httpx.stream(
                 "POST", f"{gw}/v1/chat/completions", json={**body, "stream": stream}, timeout=60
             ) as r:
                 assert r.status_code == 200
                 r.read()
-    for name in ("a", "b"):
-        stats = httpx.get(f"{scripted.urls[name]}/stats").json()
-        assert len(stats["posts"]) >= 3
-        assert stats["ports"] == 1, stats  # every completion on one kept-alive connection
+    # Every completion rides a kept-alive connection (a second one may come from a request that
+    # overlapped the gateway's first health check); a connection per request would be a port
+    # per request. Chat goes to a (fastest) once each pool has its two measurements.
+    ports = {n: httpx.get(f"{scripted.urls[n]}/stats").json()["ports"] for n in ("a", "b")}
+    assert len(ports["a"]) >= 6
+    assert len(set(ports["a"])) <= 2, ports
+    assert len(set(ports["b"])) <= 2, ports
 
 
 def test_an_answer_is_not_held_by_a_body_that_does_not_end(scripted: Servers) -> None:
