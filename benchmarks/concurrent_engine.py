@@ -1,6 +1,8 @@
 """The batch scheduler's decode rule at the engine, no HTTP: the same pool of requests run one
 after another through `generate` ("serial") and through `EngineBatcher` with up to k rows,
-their spec-mode rows advancing by batched verify ("spec k") or by batched AR ("ar k").
+their spec-mode rows advancing by batched verify ("spec k"), by batched AR ("ar k") or as the
+band rule chooses ("learnt k", the default; a fresh batcher per run, so every run includes
+its exploration).
 
     python benchmarks/concurrent_engine.py --repeats 3 --json benchmarks/results/concurrent_engine.json
 
@@ -58,7 +60,7 @@ def batched(
     engine: Any,
     reqs: list[GenerationRequest],
     rows: int,
-    spec_rows: int,
+    spec_rows: int | None,
     prefill_thread: bool | None = None,
 ) -> list[list[int]]:
     batcher = EngineBatcher(engine, rows, spec_rows=spec_rows, prefill_thread=prefill_thread)
@@ -82,7 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--modes", default="ar,spec", help="batched row modes to run (comma list)")
+    p.add_argument(
+        "--modes",
+        default="ar,spec,learnt",
+        help="batched step kinds to run (comma list): ar (batched AR always), spec (batched "
+        "verify for every row count), learnt (the default: the band rule chooses)",
+    )
     p.add_argument(
         "--ignore-eos", action="store_true", help="every request runs --max-tokens (random weights)"
     )
@@ -101,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     configs: dict[str, Any] = {"serial": lambda: serial(engine, reqs)}
     for k in (int(r) for r in args.rows.split(",")):
         for mode in args.modes.split(","):
-            spec_rows = k if mode == "spec" else 0
+            spec_rows = {"ar": 0, "spec": k, "learnt": None}[mode]
             configs[f"{mode} {k}"] = lambda k=k, s=spec_rows: batched(engine, reqs, k, s)
             if args.prefill_thread == "both":
                 configs[f"{mode} {k} no prefill thread"] = lambda k=k, s=spec_rows: batched(

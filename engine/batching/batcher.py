@@ -6,8 +6,9 @@ request still prefilling (so a long prompt never stalls the running streams for 
 chunk). With a prefill thread (`prefill_in_thread`), the chunk is computed there while the
 running sequences go on decoding, and a step collects it once it is done. A decode step: alone,
 the sequence runs the full policy (spec cycles or AR, as `generate` does); with two or more,
-one batched forward advances them all (`decode_rule`). A batched sequence's caches are rows of
-`BatchRows`; it gets them back (`extract`) when it runs alone again or finishes (the prefix
+one batched forward advances them all (`decode_rule`: a batched verify where every row wants
+speculation and the band rule measured it faster, else a batched AR step, whose next forward is
+queued before the rows commit). A batched sequence's caches are rows of `BatchRows`; it gets them back (`extract`) when it runs alone again or finishes (the prefix
 cache publishes from its own caches).
 """
 
@@ -24,13 +25,14 @@ from typing import Any
 import mlx.core as mx
 import structlog
 
-from ..api import EngineEvent, GenerationRequest, Mode, ModeController
+from ..api import EngineEvent, GenerationRequest, Mode, ModeController, TokenEvent
 from ..host import host_ints
 from ..lane import Lane
 from ..service import DFlashEngine
 from ..targets.base import ForwardResult
 from ..targets.pipeline import PipelineTarget
 from .api import Admission, Outcome
+from .band_rule import BandRule, BatchKind
 from .memory import MemoryBudget, default_budget_bytes, sequence_cost, weights_bytes
 from .rows import BatchRows
 from .verify import rollback_rows
@@ -38,23 +40,21 @@ from .verify import rollback_rows
 log = structlog.get_logger(__name__)
 
 
-# Most rows a batched verify runs for (past it, rows in spec mode share batched AR steps).
-# Measured on the embedded qwen35 pair, 16 requests x 128 tokens, 2-core CPU, interleaved x3
-# against serial `generate`: batched verify 1.19x / 0.90x / 1.06x at 2 / 4 / 8 rows, batched
-# AR 0.82x / 1.01x / 1.21x. A verify's cost grows with rows x block on a compute-bound CPU,
-# an AR step's barely (8 rows ~1.5x one), so verify pays only for a few rows there.
-SPEC_ROWS = 2
-
-
-def decode_rule(running: int, modes: Sequence[Mode] = (), spec_rows: int = SPEC_ROWS) -> str:
+def decode_rule(running: int, modes: Sequence[Mode], batch_kind: Callable[[int], BatchKind]) -> str:
     """How `running` decoding sequences advance this step: one alone keeps the request's full
-    policy (spec, lookup or AR cycles); two or more share one target forward: a batched verify
-    of each row's own draft when every row's mode is spec and there are at most `spec_rows`
-    ("batched_spec"), else one batched AR step ("batched_ar")."""
+    policy (spec, lookup or AR cycles); two or more share one target forward: when every row's
+    mode is spec, `batch_kind(running)` says whether that is a batched verify of each row's
+    own draft ("batched_spec") or a batched AR step; otherwise one batched AR step."""
     if running == 1:
         return "solo"
-    spec = modes and all(m == "spec" for m in modes) and running <= spec_rows
-    return "batched_spec" if spec else "batched_ar"
+    if modes and all(m == "spec" for m in modes):
+        return batch_kind(running)
+    return "batched_ar"
+
+
+def fixed_kind(spec_rows: int) -> Callable[[int], BatchKind]:
+    """A batched verify for up to `spec_rows` rows, batched AR steps past it."""
+    return lambda rows: "batched_spec" if rows <= spec_rows else "batched_ar"
 
 
 def prefill_in_thread(device: str, cores: int, pipeline: bool) -> bool:
@@ -101,11 +101,14 @@ class EngineBatcher:
         engine: DFlashEngine,
         capacity: int = 8,
         memory_limit: int | None = None,
-        spec_rows: int = SPEC_ROWS,
+        spec_rows: int | None = None,
         prefill_thread: bool | None = None,
     ) -> None:
         self.engine = engine
-        self.spec_rows = spec_rows
+        # Batched verify or batched AR for rows that all want speculation: learnt per batch
+        # size band (`BandRule`), or fixed up to `spec_rows` rows.
+        self.band_rule = BandRule()
+        self._batch_kind = fixed_kind(spec_rows) if spec_rows is not None else self.band_rule.choose
         if prefill_thread is None:
             device = mx.default_device().type.name  # "cpu" or "gpu"
             pipeline = isinstance(engine.target, PipelineTarget)
@@ -254,12 +257,12 @@ class EngineBatcher:
         self.running = [*rowed, *alone]
         lanes = [e.lane for e in entries]
         modes = [lane.batch_mode() for lane in lanes]
-        if decode_rule(len(lanes), modes, self.spec_rows) == "batched_spec":
+        t0 = time.perf_counter()
+        if decode_rule(len(lanes), modes, self._batch_kind) == "batched_spec":
             self._undo_ahead()
-            return self._batched_spec(entries)
+            return self._recorded("batched_spec", len(lanes), t0, self._batched_spec(entries))
         keys = tuple(e.key for e in entries)
         try:
-            t0 = time.perf_counter()
             ahead = self._ahead if self._ahead is not None and self._ahead.keys == keys else None
             if ahead is None:
                 self._undo_ahead()
@@ -276,7 +279,7 @@ class EngineBatcher:
         except Exception as exc:
             return self._fail(entries, exc)
         logits = res.logits[:, -1]
-        return self._commit_rows(
+        committed = self._commit_rows(
             entries,
             lambda i, lane: lane.commit_row(
                 tokens[i],
@@ -286,6 +289,22 @@ class EngineBatcher:
                 len(lanes),
             ),
         )
+        return self._recorded("batched_ar", len(lanes), t0, committed)
+
+    def _recorded(
+        self, kind: BatchKind, rows: int, t0: float, out: list[tuple[Hashable, Outcome]]
+    ) -> list[tuple[Hashable, Outcome]]:
+        """`out`, the outcomes of a batched step over `rows` rows, once its committed tokens
+        and wall time (from `t0`) went to the band rule."""
+        tokens = sum(
+            len(e.token_ids)
+            for _, events in out
+            if not isinstance(events, BaseException)
+            for e in events
+            if isinstance(e, TokenEvent)
+        )
+        self.band_rule.record(rows, kind, tokens, time.perf_counter() - t0)
+        return out
 
     def _queue_ahead(
         self, keys: tuple[Hashable, ...], lanes: list[Lane], choices: Sequence[mx.array | int]

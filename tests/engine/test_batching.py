@@ -18,7 +18,7 @@ from toolflash.engine.api import (
     SamplingParams,
     TokenEvent,
 )
-from toolflash.engine.batching.batcher import EngineBatcher, decode_rule
+from toolflash.engine.batching.batcher import EngineBatcher, decode_rule, fixed_kind
 from toolflash.engine.batching.rows import BatchRows
 from toolflash.engine.factory import build_engine
 
@@ -102,18 +102,19 @@ def prompts(engine: Any, n: int) -> list[tuple[int, ...]]:
 
 
 def test_decode_rule() -> None:
-    assert decode_rule(1, ["spec"]) == "solo"
-    assert decode_rule(2) == decode_rule(8, ["spec"] * 8) == "batched_ar"
-    assert decode_rule(2, ["spec", "ar"]) == "batched_ar"
-    assert decode_rule(2, ["spec", "spec"]) == "batched_spec"
-    assert decode_rule(4, ["spec"] * 4, spec_rows=4) == "batched_spec"
+    two = fixed_kind(2)
+    assert decode_rule(1, ["spec"], two) == "solo"
+    assert decode_rule(2, [], two) == decode_rule(8, ["spec"] * 8, two) == "batched_ar"
+    assert decode_rule(2, ["spec", "ar"], two) == "batched_ar"
+    assert decode_rule(2, ["spec", "spec"], two) == "batched_spec"
+    assert decode_rule(4, ["spec"] * 4, fixed_kind(4)) == "batched_spec"
 
 
 @pytest.mark.parametrize("offsets", [(0, 0, 0, 0), (0, 1, 3, 7), (0, 5, 2, 11)])
 def test_batched_greedy_equals_alone(engine: Any, offsets: tuple[int, ...]) -> None:
     """Joining at every step position (mid-prefill, mid-decode, mid-spec), leaving at
     different lengths: each sequence's tokens and text are those it produces alone."""
-    batcher = EngineBatcher(engine, prefill_thread=False)
+    batcher = EngineBatcher(engine, prefill_thread=False, spec_rows=2)
     reqs = [
         GenerationRequest(p, 12 + 7 * i, mode="spec" if i % 2 == 0 else "ar")
         for i, p in enumerate(prompts(engine, len(offsets)))
@@ -196,7 +197,7 @@ def test_batched_spec_keeps_each_rows_accepted_prefix(engine: Any) -> None:
 
 
 def test_cancel_one_sequence_mid_batch(engine: Any) -> None:
-    batcher = EngineBatcher(engine, prefill_thread=False)
+    batcher = EngineBatcher(engine, prefill_thread=False, spec_rows=2)
     ps = prompts(engine, 3)
     cancel = threading.Event()
     reqs = [GenerationRequest(p, 40, mode="ar", ignore_eos=True) for p in ps]
@@ -227,7 +228,8 @@ def test_stop_inside_one_sequence_while_others_continue(engine: Any) -> None:
         GenerationRequest(ps[2], 30, mode="spec", ignore_eos=True),
     ]
     run = drive(
-        EngineBatcher(engine, prefill_thread=False), {0: [(i, r) for i, r in enumerate(reqs)]}
+        EngineBatcher(engine, prefill_thread=False, spec_rows=2),
+        {0: [(i, r) for i, r in enumerate(reqs)]},
     )
     assert run.text[1] == full[: full.find(stop)]
     assert run.finish[1].finish_reason == "stop"
@@ -244,14 +246,15 @@ def test_sampled_and_logprobs_per_sequence(engine: Any) -> None:
         GenerationRequest(ps[2], 20, mode="ar", ignore_eos=True),
     ]
     run = drive(
-        EngineBatcher(engine, prefill_thread=False), {0: [(i, r) for i, r in enumerate(reqs)]}
+        EngineBatcher(engine, prefill_thread=False, spec_rows=2),
+        {0: [(i, r) for i, r in enumerate(reqs)]},
     )
     for i, req in enumerate(reqs):
         assert run.tokens[i] == alone(engine, req)[0], i
 
 
 def test_refused_request_does_not_disturb_the_batch(engine: Any) -> None:
-    batcher = EngineBatcher(engine, prefill_thread=False)
+    batcher = EngineBatcher(engine, prefill_thread=False, spec_rows=2)
     too_long = GenerationRequest(tuple([5] * (engine.context_length + 1)), 4)
     with pytest.raises(ContextLengthError):
         batcher.add("x", too_long)
@@ -287,7 +290,8 @@ def test_prefix_cache_hit_inside_a_batch(engine: Any) -> None:
     cached = GenerationRequest(turn + (7, 8, 9), 20, mode="spec", ignore_eos=True)
     other = GenerationRequest(ps[1] + (11,) * 30, 20, mode="ar", ignore_eos=True)
     run = drive(
-        EngineBatcher(engine, prefill_thread=False), {0: [("cached", cached), ("other", other)]}
+        EngineBatcher(engine, prefill_thread=False, spec_rows=2),
+        {0: [("cached", cached), ("other", other)]},
     )
     assert run.finish["cached"].stats.cached_tokens == len(turn)
     assert run.tokens["cached"] == alone(engine, cached)[0]
@@ -304,7 +308,8 @@ def test_constrained_beside_unconstrained(engine: Any) -> None:
         GenerationRequest(ps[2], 40, constraint=OutputConstraint("json"), mode="ar"),
     ]
     run = drive(
-        EngineBatcher(engine, prefill_thread=False), {0: [(i, r) for i, r in enumerate(reqs)]}
+        EngineBatcher(engine, prefill_thread=False, spec_rows=2),
+        {0: [(i, r) for i, r in enumerate(reqs)]},
     )
     assert not run.errors
     for i, req in enumerate(reqs):
@@ -347,7 +352,7 @@ def test_batched_ar_steps_queue_the_next_forward(
         GenerationRequest(p, 20 + 9 * i, mode="ar", ignore_eos=True)
         for i, p in enumerate(prompts(engine, 3))
     ]
-    batcher = EngineBatcher(engine, prefill_thread=False)
+    batcher = EngineBatcher(engine, prefill_thread=False, spec_rows=2)
     run = drive(batcher, {0: [(i, r) for i, r in enumerate(reqs)]})
     assert not run.errors
     # In the step: the first batched step, and the first after each of two rows ended.
