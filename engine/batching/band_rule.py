@@ -22,7 +22,10 @@ BatchKind = Literal["batched_spec", "batched_ar"]
 KINDS: tuple[BatchKind, ...] = ("batched_spec", "batched_ar")
 
 MIN_STEPS = 3  # steps of each kind a band measures before it trusts the rates
-PROBE_EVERY = 64  # a band's steps between two tries of the kind it is not choosing
+# A band's steps between two tries of the kind it is not choosing: a probe of the slower kind
+# costs at most a few steps' time (an 8-row verify took ~8 AR steps on the 2-core CPU), so
+# probes take ~2% of a band's time at worst.
+PROBE_EVERY = 256
 DECAY = 0.9  # weight of the history against each new step (rates follow drift)
 
 
