@@ -24,11 +24,19 @@ Outcome = list[EngineEvent] | BaseException
 Admission = Literal["now", "wait", "never"]
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity where the OS says, e.g. a container's
+    CPU set), else the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def default_max_batch() -> int:
     """Sequences decoded together by default: 4 per CPU core, within 2..16 (on the 2-core
     machine the embedded pair was measured on, a batched AR step for 8 rows costs ~1.6x one
     row's, so 8 rows give ~5x the tokens per step)."""
-    return max(2, min(16, 4 * (os.cpu_count() or 1)))
+    return max(2, min(16, 4 * usable_cores()))
 
 
 class Batcher(Protocol):

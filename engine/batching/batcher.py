@@ -14,7 +14,6 @@ cache publishes from its own caches).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -31,7 +30,7 @@ from ..lane import Lane
 from ..service import DFlashEngine
 from ..targets.base import ForwardResult
 from ..targets.pipeline import PipelineTarget
-from .api import Admission, Outcome
+from .api import Admission, Outcome, usable_cores
 from .band_rule import BandRule, BatchKind
 from .memory import MemoryBudget, default_budget_bytes, sequence_cost, weights_bytes
 from .rows import BatchRows
@@ -112,7 +111,7 @@ class EngineBatcher:
         if prefill_thread is None:
             device = mx.default_device().type.name  # "cpu" or "gpu"
             pipeline = isinstance(engine.target, PipelineTarget)
-            prefill_thread = prefill_in_thread(device, os.cpu_count() or 1, pipeline)
+            prefill_thread = prefill_in_thread(device, usable_cores(), pipeline)
         self._thread = (
             ThreadPoolExecutor(1, thread_name_prefix="toolflash-prefill")
             if prefill_thread
