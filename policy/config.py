@@ -184,12 +184,14 @@ class DecisionSettings(_Strict):
         default="spec", description="where nothing is measured yet"
     )
     start_caution: float = Field(
-        default=1.0,
+        default=0.0,
         ge=0.0,
         description="a start takes the arm whose estimate less this many standard errors is"
-        " highest (0: the highest estimate): spec whose estimate is high but uncertain (a class"
-        " whose requests accept all or nothing) starts in AR, and an opening cycle reads the"
-        " request",
+        " highest (0: the highest estimate): with 1, spec whose estimate is high but uncertain"
+        " (a class whose requests accept all or nothing) starts in AR, and an opening cycle reads"
+        " the request. Off: 1 lifted the drafter-less agent workload (1.11x vs 1.08x mlx-lm) but"
+        " also ruled out correct calibrated priors of fresh policies (qwen3 free text, cold:"
+        " 0.93x vs 1.22x; benchmarks/results/policy_timing_caution.md)",
     )
     recheck_every: int = Field(
         default=8, ge=1, description="re-evaluate inside a span every N steps"
