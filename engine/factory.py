@@ -31,6 +31,7 @@ GPU_PREFILL_CHUNK = 2048
 def prefill_chunk_for(device: mx.Device) -> int:
     return PREFILL_CHUNK if device == mx.cpu else GPU_PREFILL_CHUNK
 
+
 log = structlog.get_logger(__name__)
 
 # mlx-lm model_type -> adapter. Unknown families fail with a clear message.

@@ -59,11 +59,7 @@ class Qwen3Target(DecoderStack):
         captured = []
         for i, c in zip(layers, cache):
             layer = self.layers[i]
-            if (
-                position_shift
-                or kernel is not None
-                or self.mlp_activation is not None
-            ):
+            if position_shift or kernel is not None or self.mlp_activation is not None:
                 x = layer.input_layernorm(h)
                 attn = layer.self_attn
                 h = h + qwen3_attention_at(attn, x, mask, c, position_shift, kernel)
