@@ -25,7 +25,7 @@ from typing import Any
 import mlx.core as mx
 
 from toolflash.engine.api import GenerationRequest, TokenEvent
-from toolflash.engine.batching.batcher import EngineBatcher
+from toolflash.engine.batching.batcher import EngineBatcher, queue_ahead_on
 from toolflash.engine.factory import build_engine
 
 PROMPTS = Path(__file__).resolve().parent.parent / "toolflash/assets/tiny/bench_prompts.jsonl"
@@ -62,8 +62,11 @@ def batched(
     rows: int,
     spec_rows: int | None,
     prefill_thread: bool | None = None,
+    queue_ahead: bool | None = None,
 ) -> list[list[int]]:
-    batcher = EngineBatcher(engine, rows, spec_rows=spec_rows, prefill_thread=prefill_thread)
+    batcher = EngineBatcher(
+        engine, rows, spec_rows=spec_rows, prefill_thread=prefill_thread, queue_ahead=queue_ahead
+    )
     pending = list(enumerate(reqs))
     out: dict[Any, list[int]] = {}
     while pending or batcher.size:
@@ -99,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         default="default",
         help="both: every batched configuration also runs without the prefill thread",
     )
+    p.add_argument(
+        "--queue-ahead",
+        choices=("default", "both"),
+        default="default",
+        help="both: every batched configuration also runs with the other queue-ahead setting",
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     engine = build_engine(args.model)
@@ -110,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes.split(","):
             spec_rows = {"ar": 0, "spec": k, "learnt": None}[mode]
             configs[f"{mode} {k}"] = lambda k=k, s=spec_rows: batched(engine, reqs, k, s)
+            if args.queue_ahead == "both":
+                flip = not queue_ahead_on(mx.default_device().type.name)
+                configs[f"{mode} {k} queue ahead {'on' if flip else 'off'}"] = (
+                    lambda k=k, s=spec_rows, q=flip: batched(engine, reqs, k, s, queue_ahead=q)
+                )
             if args.prefill_thread == "both":
                 configs[f"{mode} {k} no prefill thread"] = lambda k=k, s=spec_rows: batched(
                     engine, reqs, k, s, prefill_thread=False

@@ -65,6 +65,16 @@ def prefill_in_thread(device: str, cores: int, pipeline: bool) -> bool:
     return device == "cpu" and cores >= 2 and not pipeline
 
 
+def queue_ahead_on(device: str) -> bool:
+    """Whether batched AR steps queue the next step's forward before the rows commit. Not on
+    a CPU: there the step is its forward (the host's part is small), so queueing ahead saved
+    nothing in steady state (`benchmarks/batch_step.py`), while every row that joins or ends
+    throws a queued forward away. On a GPU the forward is short beside the host's graph
+    building and commits, which is what queueing ahead hides (as `generate_step` and
+    mlx-lm's `BatchGenerator` do)."""
+    return device != "cpu"
+
+
 def _row(staged: int, draft: mx.array, width: int) -> mx.array:
     """A verify row: the staged token, the draft, zeros up to `width` (rows past a row's own
     draft are computed and never read)."""
@@ -102,16 +112,18 @@ class EngineBatcher:
         memory_limit: int | None = None,
         spec_rows: int | None = None,
         prefill_thread: bool | None = None,
+        queue_ahead: bool | None = None,
     ) -> None:
         self.engine = engine
         # Batched verify or batched AR for rows that all want speculation: learnt per batch
         # size band (`BandRule`), or fixed up to `spec_rows` rows.
         self.band_rule = BandRule()
         self._batch_kind = fixed_kind(spec_rows) if spec_rows is not None else self.band_rule.choose
+        device = mx.default_device().type.name  # "cpu" or "gpu"
         if prefill_thread is None:
-            device = mx.default_device().type.name  # "cpu" or "gpu"
             pipeline = isinstance(engine.target, PipelineTarget)
             prefill_thread = prefill_in_thread(device, usable_cores(), pipeline)
+        self.queue_ahead = queue_ahead_on(device) if queue_ahead is None else queue_ahead
         self._thread = (
             ThreadPoolExecutor(1, thread_name_prefix="toolflash-prefill")
             if prefill_thread
@@ -312,7 +324,7 @@ class EngineBatcher:
         them, as an AR step alone does, so the device runs on while the rows commit. Only
         where every row chooses on the device and none is at its last token; a step that
         finds the rows changed (a row ended or joined, a mode switched) takes it back."""
-        if not all(isinstance(c, mx.array) for c in choices):
+        if not self.queue_ahead or not all(isinstance(c, mx.array) for c in choices):
             return
         if any(lane.matcher.remaining <= 1 for lane in lanes):
             return

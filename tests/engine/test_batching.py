@@ -114,7 +114,7 @@ def test_decode_rule() -> None:
 def test_batched_greedy_equals_alone(engine: Any, offsets: tuple[int, ...]) -> None:
     """Joining at every step position (mid-prefill, mid-decode, mid-spec), leaving at
     different lengths: each sequence's tokens and text are those it produces alone."""
-    batcher = EngineBatcher(engine, prefill_thread=False, spec_rows=2)
+    batcher = EngineBatcher(engine, queue_ahead=True, prefill_thread=False, spec_rows=2)
     reqs = [
         GenerationRequest(p, 12 + 7 * i, mode="spec" if i % 2 == 0 else "ar")
         for i, p in enumerate(prompts(engine, len(offsets)))
@@ -140,7 +140,7 @@ def test_batched_greedy_equals_alone(engine: Any, offsets: tuple[int, ...]) -> N
 def test_batched_spec_equals_alone(engine: Any, offsets: tuple[int, ...]) -> None:
     """Every row in spec mode: one batched verify per step, each row keeping its own accepted
     prefix (K/V rolled per row, GatedDeltaNet state per row); outputs as alone."""
-    batcher = EngineBatcher(engine, prefill_thread=False, spec_rows=8)
+    batcher = EngineBatcher(engine, queue_ahead=True, prefill_thread=False, spec_rows=8)
     reqs = [
         GenerationRequest(p, 30 + 9 * i, mode="spec", ignore_eos=True, block_size=4 + 4 * i)
         for i, p in enumerate(prompts(engine, len(offsets)))
@@ -176,7 +176,7 @@ def oracle(reference: list[int], prompt_len: int, wrong_at: int) -> Any:
 
 
 def test_batched_spec_keeps_each_rows_accepted_prefix(engine: Any) -> None:
-    batcher = EngineBatcher(engine, prefill_thread=False, spec_rows=8)
+    batcher = EngineBatcher(engine, queue_ahead=True, prefill_thread=False, spec_rows=8)
     reqs = [
         GenerationRequest(p, 40, mode="spec", ignore_eos=True, block_size=8)
         for p in prompts(engine, 3)
@@ -197,7 +197,7 @@ def test_batched_spec_keeps_each_rows_accepted_prefix(engine: Any) -> None:
 
 
 def test_cancel_one_sequence_mid_batch(engine: Any) -> None:
-    batcher = EngineBatcher(engine, prefill_thread=False, spec_rows=2)
+    batcher = EngineBatcher(engine, queue_ahead=True, prefill_thread=False, spec_rows=2)
     ps = prompts(engine, 3)
     cancel = threading.Event()
     reqs = [GenerationRequest(p, 40, mode="ar", ignore_eos=True) for p in ps]
@@ -228,7 +228,7 @@ def test_stop_inside_one_sequence_while_others_continue(engine: Any) -> None:
         GenerationRequest(ps[2], 30, mode="spec", ignore_eos=True),
     ]
     run = drive(
-        EngineBatcher(engine, prefill_thread=False, spec_rows=2),
+        EngineBatcher(engine, queue_ahead=True, prefill_thread=False, spec_rows=2),
         {0: [(i, r) for i, r in enumerate(reqs)]},
     )
     assert run.text[1] == full[: full.find(stop)]
@@ -246,7 +246,7 @@ def test_sampled_and_logprobs_per_sequence(engine: Any) -> None:
         GenerationRequest(ps[2], 20, mode="ar", ignore_eos=True),
     ]
     run = drive(
-        EngineBatcher(engine, prefill_thread=False, spec_rows=2),
+        EngineBatcher(engine, queue_ahead=True, prefill_thread=False, spec_rows=2),
         {0: [(i, r) for i, r in enumerate(reqs)]},
     )
     for i, req in enumerate(reqs):
@@ -254,7 +254,7 @@ def test_sampled_and_logprobs_per_sequence(engine: Any) -> None:
 
 
 def test_refused_request_does_not_disturb_the_batch(engine: Any) -> None:
-    batcher = EngineBatcher(engine, prefill_thread=False, spec_rows=2)
+    batcher = EngineBatcher(engine, queue_ahead=True, prefill_thread=False, spec_rows=2)
     too_long = GenerationRequest(tuple([5] * (engine.context_length + 1)), 4)
     with pytest.raises(ContextLengthError):
         batcher.add("x", too_long)
@@ -269,7 +269,9 @@ def test_memory_budget_admits_waits_and_refuses(engine: Any) -> None:
     if engine.target.family == "qwen3_5":
         assert cost.fixed > 0  # GatedDeltaNet state per sequence
     one = cost.bytes_for(300)
-    batcher = EngineBatcher(engine, prefill_thread=False, memory_limit=one + one // 2)
+    batcher = EngineBatcher(
+        engine, queue_ahead=True, prefill_thread=False, memory_limit=one + one // 2
+    )
     req = GenerationRequest(prompts(engine, 1)[0], 300 - len(prompts(engine, 1)[0]))
     assert batcher.admission(req) == "now"
     batcher.add("a", req)
@@ -290,7 +292,7 @@ def test_prefix_cache_hit_inside_a_batch(engine: Any) -> None:
     cached = GenerationRequest(turn + (7, 8, 9), 20, mode="spec", ignore_eos=True)
     other = GenerationRequest(ps[1] + (11,) * 30, 20, mode="ar", ignore_eos=True)
     run = drive(
-        EngineBatcher(engine, prefill_thread=False, spec_rows=2),
+        EngineBatcher(engine, queue_ahead=True, prefill_thread=False, spec_rows=2),
         {0: [("cached", cached), ("other", other)]},
     )
     assert run.finish["cached"].stats.cached_tokens == len(turn)
@@ -308,7 +310,7 @@ def test_constrained_beside_unconstrained(engine: Any) -> None:
         GenerationRequest(ps[2], 40, constraint=OutputConstraint("json"), mode="ar"),
     ]
     run = drive(
-        EngineBatcher(engine, prefill_thread=False, spec_rows=2),
+        EngineBatcher(engine, queue_ahead=True, prefill_thread=False, spec_rows=2),
         {0: [(i, r) for i, r in enumerate(reqs)]},
     )
     assert not run.errors
@@ -324,7 +326,7 @@ def test_mode_plan_switch_holds_in_a_batch_as_alone(engine: Any) -> None:
     plan: dict[int, Mode] = {2: "ar"}
     switched = GenerationRequest(ps[0], 40, "spec", block_size=4, ignore_eos=True, mode_plan=plan)
     other = GenerationRequest(ps[1], 40, mode="spec", block_size=4, ignore_eos=True)
-    batcher = EngineBatcher(engine, prefill_thread=False, spec_rows=8)
+    batcher = EngineBatcher(engine, queue_ahead=True, prefill_thread=False, spec_rows=8)
     run = drive(batcher, {0: [(0, switched), (1, other)]})
     assert not run.errors
     assert run.tokens[0] == alone(engine, switched)[0]
@@ -352,7 +354,7 @@ def test_batched_ar_steps_queue_the_next_forward(
         GenerationRequest(p, 20 + 9 * i, mode="ar", ignore_eos=True)
         for i, p in enumerate(prompts(engine, 3))
     ]
-    batcher = EngineBatcher(engine, prefill_thread=False, spec_rows=2)
+    batcher = EngineBatcher(engine, queue_ahead=True, prefill_thread=False, spec_rows=2)
     run = drive(batcher, {0: [(i, r) for i, r in enumerate(reqs)]})
     assert not run.errors
     # In the step: the first batched step, and the first after each of two rows ended.

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from toolflash.engine.api import GenerationRequest
-from toolflash.engine.batching.batcher import EngineBatcher, prefill_in_thread
+from toolflash.engine.batching.batcher import EngineBatcher, prefill_in_thread, queue_ahead_on
 from toolflash.engine.lane import Lane
 from toolflash.engine.session import GenerationSession
 
@@ -28,7 +28,8 @@ def long_prompts(engine: Any, n: int) -> list[tuple[int, ...]]:
     return [p * 4 for p in prompts(engine, n)]
 
 
-def test_prefill_in_thread_rule() -> None:
+def test_queue_ahead_and_prefill_thread_rules() -> None:
+    assert queue_ahead_on("gpu") and not queue_ahead_on("cpu")
     assert prefill_in_thread("cpu", 2, pipeline=False)
     assert not prefill_in_thread("cpu", 1, pipeline=False)
     assert not prefill_in_thread("gpu", 16, pipeline=False)
