@@ -425,7 +425,8 @@ class EngineBatcher:
 
     def _fail(self, entries: list[_Entry], exc: BaseException) -> list[tuple[Hashable, Outcome]]:
         log.error("batch_step_failed", rows=len(entries), error=repr(exc))
-        self._ahead = None  # the rows' state is lost with them: nothing to take back
+        if any(e.row for e in entries):  # a batched step failed: its rows' state goes with them
+            self._ahead = None
         for entry in entries:
             self._detach(entry)
             entry.lane.release()

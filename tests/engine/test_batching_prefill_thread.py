@@ -151,3 +151,32 @@ def test_states_published_from_the_thread_serve_later_requests(engine: Any) -> N
     assert engine.prefix_cache.counters["hits_l1"] == hits + 1
     assert run.finish["second"].stats.cached_tokens == len(base) - 3
     assert run.tokens["second"] == cold
+
+
+def test_a_failing_chunk_leaves_the_rows_queued_forward_alone(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newcomer's chunk fails while two AR rows decode with their next forward queued
+    ahead: only the newcomer fails, and the rows keep the tokens they get alone."""
+    ps = long_prompts(engine, 3)
+    feed_next = Lane.feed_next
+
+    def failing(self: Lane, settle: bool = False) -> None:
+        if self.prompt == list(ps[2]):
+            raise RuntimeError("chunk failed")
+        feed_next(self, settle)
+
+    monkeypatch.setattr(Lane, "feed_next", failing)
+    rows = [GenerationRequest(p, 40, mode="ar", ignore_eos=True) for p in ps[:2]]
+    batcher = EngineBatcher(engine, prefill_thread=True, queue_ahead=True)
+    for i, r in enumerate(rows):
+        batcher.add(i, r)
+    run = Run()
+    while batcher.rows.size < 2:
+        run.take(batcher.step())
+    batcher.add(2, GenerationRequest(ps[2], 8, mode="ar"))
+    while batcher.size:
+        run.take(batcher.step())
+    assert isinstance(run.errors[2], RuntimeError)
+    for i, r in enumerate(rows):
+        assert run.tokens[i] == alone(engine, r)[0], i
