@@ -216,6 +216,7 @@ def create_app(
             max_queue=config.max_queue,
             max_batch=config.max_batch,
             memory_limit=config.batch_memory_bytes,
+            prefill_thread={"auto": None, "on": True, "off": False}[config.prefill_thread],
             on_failure=on_load_failure,
         )
         ctx = GatewayContext(

@@ -5,6 +5,8 @@ same declarations."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolflash.engine.api import Mode
@@ -65,6 +67,12 @@ class GatewayConfig(BaseModel):
         ge=1,
         description="requests decoded together in one continuous batch (the rest queue;"
         " unset: 4 per CPU core within 2..16; 1: one request at a time)",
+    )
+    prefill_thread: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="compute a newcomer's prompt chunks on a thread of their own while the batch"
+        " decodes (auto: on a CPU with two or more cores, not on a GPU; the running streams keep"
+        " decoding, the newcomer's TTFT may grow where the cores are busy)",
     )
     batch_memory_bytes: int | None = Field(
         default=None,

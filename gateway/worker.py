@@ -197,6 +197,7 @@ class EngineWorker:
         max_batch: int | None = None,
         memory_limit: int | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
+        prefill_thread: bool | None = None,
     ) -> None:
         if max_queue < 1:
             raise ValueError("max_queue must be at least 1")
@@ -208,6 +209,7 @@ class EngineWorker:
         self.max_queue = max_queue
         self.max_batch = max_batch
         self.memory_limit = memory_limit  # bytes for the batch's caches (None: the machine's)
+        self.prefill_thread = prefill_thread  # None: the batcher's own rule
         self._queue: deque[Job | EngineCall] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -333,7 +335,7 @@ class EngineWorker:
                 self._on_failure(exc)
             return
         engine = self.engine
-        batcher = batcher_for(engine, self.max_batch, self.memory_limit)
+        batcher = batcher_for(engine, self.max_batch, self.memory_limit, self.prefill_thread)
         self.max_batch = min(self.max_batch, batcher.capacity)
         self.state = "ready"
         self.ready.set()

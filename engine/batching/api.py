@@ -127,15 +127,21 @@ class GeneratorBatcher:
         return out
 
 
-def batcher_for(engine: Engine, max_batch: int, memory_limit: int | None = None) -> Batcher:
+def batcher_for(
+    engine: Engine,
+    max_batch: int,
+    memory_limit: int | None = None,
+    prefill_thread: bool | None = None,
+) -> Batcher:
     """The engine's continuous batcher (capacity `max_batch`, `memory_limit` bytes for its
-    sequences' caches) when it has one and more than one sequence may run; else one
-    `generate` at a time."""
+    sequences' caches, prompt chunks on a thread of their own per `prefill_thread`, None: its
+    rule) when it has one and more than one sequence may run; else one `generate` at a
+    time."""
     if max_batch > 1:
         from ..service import DFlashEngine  # noqa: PLC0415 (mlx: only once an engine exists)
 
         if isinstance(engine, DFlashEngine):
             from .batcher import EngineBatcher  # noqa: PLC0415
 
-            return EngineBatcher(engine, max_batch, memory_limit)
+            return EngineBatcher(engine, max_batch, memory_limit, prefill_thread=prefill_thread)
     return GeneratorBatcher(engine)

@@ -233,3 +233,12 @@ def test_request_waits_for_memory_and_one_that_never_fits_is_refused(engine: Any
     finally:
         worker.stop()
     assert max(seen) == 1  # never both at once: the budget held one
+
+
+def test_the_prefill_thread_setting_reaches_the_batcher(engine: Any) -> None:
+    from toolflash.engine.batching.batcher import EngineBatcher
+
+    for setting, expected in ((True, True), (False, False)):
+        batcher = batcher_for(engine, 4, None, setting)
+        assert isinstance(batcher, EngineBatcher)
+        assert (batcher._thread is not None) is expected
