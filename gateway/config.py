@@ -71,7 +71,7 @@ class GatewayConfig(BaseModel):
     prefill_thread: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="compute a newcomer's prompt chunks on a thread of their own while the batch"
-        " decodes (auto: on a CPU with two or more cores, not on a GPU; the running streams keep"
+        " decodes (auto: on a CPU with four or more cores, not on a GPU; the running streams keep"
         " decoding, the newcomer's TTFT may grow where the cores are busy)",
     )
     batch_memory_bytes: int | None = Field(

@@ -57,12 +57,15 @@ def fixed_kind(spec_rows: int) -> Callable[[int], BatchKind]:
 
 
 def prefill_in_thread(device: str, cores: int, pipeline: bool) -> bool:
-    """Whether prompt chunks are computed on a thread of their own, beside the decode steps.
-    On a CPU with two cores or more this puts the second core to work: a chunk takes one
-    core for tens of milliseconds, in which the running sequences take several decode steps
-    on the other. Not on a GPU, where it is not measured yet, nor for a pipeline target,
-    whose ranks take one forward at a time."""
-    return device == "cpu" and cores >= 2 and not pipeline
+    """Whether prompt chunks are computed on a thread of their own, beside the decode steps,
+    by default (`serve --prefill-thread on|off` overrides it). A chunk takes a core for tens of
+    milliseconds, in which the running sequences take several decode steps on another: on a
+    CPU with four cores or more. With two, the server's event loop and its clients need the
+    second core: over HTTP 4 / 8 clients ran ~10% slower with the thread on the 2-core machine
+    (`benchmarks/concurrent_clients.py --serial-args "--prefill-thread off"`), though a stream
+    beside a long prefill kept decoding (`benchmarks/prefill_stall.py`). Not on a GPU, where it
+    is not measured yet, nor for a pipeline target, whose ranks take one forward at a time."""
+    return device == "cpu" and cores >= 4 and not pipeline
 
 
 def queue_ahead_on(device: str) -> bool:

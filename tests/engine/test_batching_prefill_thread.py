@@ -30,8 +30,8 @@ def long_prompts(engine: Any, n: int) -> list[tuple[int, ...]]:
 
 def test_queue_ahead_and_prefill_thread_rules() -> None:
     assert queue_ahead_on("gpu") and not queue_ahead_on("cpu")
-    assert prefill_in_thread("cpu", 2, pipeline=False)
-    assert not prefill_in_thread("cpu", 1, pipeline=False)
+    assert prefill_in_thread("cpu", 4, pipeline=False)
+    assert not prefill_in_thread("cpu", 2, pipeline=False)
     assert not prefill_in_thread("gpu", 16, pipeline=False)
     assert not prefill_in_thread("cpu", 16, pipeline=True)
 
