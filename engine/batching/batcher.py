@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import structlog
@@ -332,11 +332,11 @@ class EngineBatcher:
         if any(lane.matcher.remaining <= 1 for lane in lanes):
             return
         res = self.rows.forward(list(choices), self.capture, keep_tape=True)
-        nxt = [lane.choice_after_next(res.logits[i, -1]) for i, lane in enumerate(lanes)]
-        if any(c is None for c in nxt):
-            self.rows.undo(res)
-            return
-        ready = [c for c in nxt if c is not None]
+        # A chooser that chose this step's token on the device chooses the next one there too.
+        ready = [
+            cast(mx.array, lane.choice_after_next(res.logits[i, -1]))
+            for i, lane in enumerate(lanes)
+        ]
         mx.async_eval(ready)
         self._ahead = _Ahead(keys, res, ready)
 

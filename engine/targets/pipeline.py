@@ -233,10 +233,6 @@ class PipelineTarget:
         self._failure: str | None = None
 
     @property
-    def attention_kernel(self) -> Any:
-        return self.adapter.attention_kernel
-
-    @property
     def failure(self) -> str | None:
         """Why the pipeline serves no more (a rank lost, or closed); None while it does. Known
         from the first transfer that failed: a rank that dies while idle is found by the next
