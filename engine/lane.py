@@ -44,6 +44,7 @@ from .choosers import Proposal, build_chooser
 from .mode_control import ModeControl
 from .sampling.logprobs import RawLogprob
 from .session import GenerationSession, StepResult
+from .sparse_prefill import sparse_feed
 from .stops import StopMatcher
 from .text import TextTracker
 from .verify_cycle import cut_at_stop
@@ -152,8 +153,13 @@ class Lane:
         session = self.session
         if self.selection is not None:
             publish_at, self._publish_at = self._publish_at, []
-            session.sparse_feed(
-                self.prompt, self.selection, self.restored, publish_at, self._deferred.append
+            sparse_feed(
+                session,
+                self.prompt,
+                self.selection,
+                self.restored,
+                publish_at,
+                self._deferred.append,
             )
             self._pos = len(self.prompt)
         else:

@@ -31,8 +31,8 @@ from .drafter import DFlashDrafter
 from .host import host_int
 from .lookup import LookupConfig, NgramIndex, takes_over
 from .sampling.logprobs import RawLogprob, token_logprobs
-from .sparse import Lineage, SparseLineageError, SparseSelection
-from .targets.base import ForwardResult, TargetAdapter, cache_offset
+from .sparse import Lineage, SparseLineageError
+from .targets.base import ForwardResult, TargetAdapter
 from .verify_cycle import (
     QueuedStep,
     StepResult,
@@ -127,11 +127,11 @@ class GenerationSession:
         is computed). At each position in `publish_at` the state is handed to `publish`."""
         if not prompt:
             raise ValueError("empty prompt")
-        start = self._restore(prompt, restore)
-        self._prefill_dense(prompt, start, len(prompt), publish_at, publish)
+        start = self.restore(prompt, restore)
+        self.feed_prompt(prompt, start, len(prompt), publish_at, publish)
         return self.commit_first(prompt)
 
-    def _restore(self, prompt: Sequence[int], restore: SessionState | None) -> int:
+    def restore(self, prompt: Sequence[int], restore: SessionState | None) -> int:
         """Load `restore` (a state whose tokens are a prefix of `prompt`); its length."""
         if restore is None:
             return 0
@@ -140,7 +140,7 @@ class GenerationSession:
         self.load_state(restore)
         return len(restore.tokens)
 
-    def _prefill_dense(
+    def feed_prompt(
         self,
         prompt: Sequence[int],
         start: int,
@@ -189,51 +189,6 @@ class GenerationSession:
             mx.eval(self.last_logits, res.features)
         else:
             mx.eval(self.last_logits)
-
-    def sparse_prefill(
-        self,
-        prompt: Sequence[int],
-        selection: SparseSelection,
-        restore: SessionState | None = None,
-        publish_at: Sequence[int] = (),
-        publish: Callable[[SessionState], None] | None = None,
-    ) -> int:
-        """Prefill only the selected chunks of `prompt`, each at its true positions (RoPE and
-        drafter context at the original positions), and commit the first token. `restore` may
-        supply a dense prefix that ends at or before the first dropped position. Up to that
-        position the prefill is an ordinary dense one, so states at `publish_at` positions
-        there are handed to `publish` (dense lineage, reusable by any request); from the first
-        dropped chunk on the session is lineage "sparse": nothing it computes is ever
-        published for reuse."""
-        if not prompt:
-            raise ValueError("empty prompt")
-        start = len(restore.tokens) if restore is not None else 0
-        selection.validate(len(prompt), start)  # refused before anything is loaded
-        start = self._restore(prompt, restore)
-        self.sparse_feed(prompt, selection, start, publish_at, publish)
-        return self.commit_first(prompt)
-
-    def sparse_feed(
-        self,
-        prompt: Sequence[int],
-        selection: SparseSelection,
-        start: int = 0,
-        publish_at: Sequence[int] = (),
-        publish: Callable[[SessionState], None] | None = None,
-    ) -> None:
-        """`sparse_prefill` without committing the first token, for callers that hold
-        prompt[:start] in the session already (fresh, or a loaded dense prefix)."""
-        ranges = selection.validate(len(prompt), start)
-        gap = selection.first_gap(len(prompt))
-        if gap > start:
-            self._prefill_dense(prompt, start, gap, publish_at, publish)
-        self.lineage = "sparse"
-        for lo, hi in ranges:
-            for pos in range(max(lo, gap), hi, self.prefill_chunk):
-                end = min(pos + self.prefill_chunk, hi)
-                self.position_shift = pos - cache_offset(self.cache)
-                self.feed_chunk(prompt[pos:end], pos)
-        self.position_shift = len(prompt) - cache_offset(self.cache)
 
     # -- state -------------------------------------------------------------------------
     def export_state(self) -> SessionState:

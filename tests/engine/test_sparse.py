@@ -12,6 +12,7 @@ from toolflash.cache.key import SnapshotKey
 from toolflash.cache.snapshot import Snapshot
 from toolflash.engine.session import GenerationSession
 from toolflash.engine.sparse import SparseLineageError, SparseSelection, SparseSelectionError
+from toolflash.engine.sparse_prefill import sparse_prefill
 from toolflash.engine.targets.qwen3 import Qwen3Target
 from toolflash.engine.targets.qwen3_5 import Qwen35Target
 
@@ -38,7 +39,7 @@ def test_full_selection_equals_dense(pair: Any) -> None:
     dense = GenerationSession(target, drafter, prefill_chunk=16)
     dense.prefill(PROMPT)
     sparse = GenerationSession(target, drafter, prefill_chunk=16)
-    sparse.sparse_prefill(PROMPT, SparseSelection(((0, 80),), chunk=16))
+    sparse_prefill(sparse, PROMPT, SparseSelection(((0, 80),), chunk=16))
     assert decode(sparse, "spec") == decode(dense, "spec")
 
 
@@ -48,7 +49,7 @@ def test_sparse_lineage_is_lossless_and_positional(pair: Any) -> None:
     outs = []
     for mode in ("ar", "spec"):
         s = GenerationSession(target, drafter, prefill_chunk=16)
-        s.sparse_prefill(PROMPT, selection)
+        sparse_prefill(s, PROMPT, selection)
         assert s.lineage == "sparse" and s.position_shift == 32
         outs.append(decode(s, mode))
     assert outs[0] == outs[1]
@@ -57,7 +58,7 @@ def test_sparse_lineage_is_lossless_and_positional(pair: Any) -> None:
     dense = GenerationSession(target, drafter)
     dense.prefill(PROMPT)
     s = GenerationSession(target, drafter, prefill_chunk=16)
-    s.sparse_prefill(PROMPT, selection)
+    sparse_prefill(s, PROMPT, selection)
     attn = next(i for i, c in enumerate(s.cache) if hasattr(c, "offset"))
     k_sparse = s.cache[attn].keys[..., : s.cache[attn].offset, :]
     k_dense = dense.cache[attn].keys
@@ -73,7 +74,7 @@ def test_sparse_lineage_is_lossless_and_positional(pair: Any) -> None:
 def test_sparse_state_is_never_reusable(pair: Any) -> None:
     target, drafter = pair
     s = GenerationSession(target, drafter, prefill_chunk=16)
-    s.sparse_prefill(PROMPT, SparseSelection(((0, 16), (32, 80)), chunk=16))
+    sparse_prefill(s, PROMPT, SparseSelection(((0, 16), (32, 80)), chunk=16))
     with pytest.raises(SparseLineageError):
         s.export_state()
     key = SnapshotKey("t", None, (), None, None, "h", "float32")
@@ -85,20 +86,20 @@ def test_dense_prefix_may_seed_a_sparse_session(pair: Any) -> None:
     target, drafter = pair
     selection = SparseSelection(((0, 32), (48, 80)), chunk=16)
     cold = GenerationSession(target, drafter, prefill_chunk=16)
-    cold.sparse_prefill(PROMPT, selection)
+    sparse_prefill(cold, PROMPT, selection)
     want = decode(cold, "spec")
     seed = GenerationSession(target, drafter, prefill_chunk=16)
     seed.prefill(PROMPT[:32])
     state = seed.export_state()
     warm = GenerationSession(target, drafter, prefill_chunk=16)
-    warm.sparse_prefill(PROMPT, selection, restore=state)
+    sparse_prefill(warm, PROMPT, selection, restore=state)
     assert decode(warm, "spec") == want
     # A dense prefix reaching past the first dropped position is refused.
     deep = GenerationSession(target, drafter)
     deep.prefill(PROMPT[:40])
     with pytest.raises(SparseSelectionError, match="first dropped position 32"):
-        GenerationSession(target, drafter).sparse_prefill(
-            PROMPT, selection, restore=deep.export_state()
+        sparse_prefill(
+            GenerationSession(target, drafter), PROMPT, selection, restore=deep.export_state()
         )
 
 
@@ -125,7 +126,7 @@ def test_dense_head_of_a_sparse_prefill_is_published_as_dense(pair: Any) -> None
     selection = SparseSelection(((0, 32), (48, 80)), chunk=16)
     published: list[Any] = []
     s = GenerationSession(target, drafter, prefill_chunk=16)
-    s.sparse_prefill(PROMPT, selection, publish_at=(16, 32, 64), publish=published.append)
+    sparse_prefill(s, PROMPT, selection, publish_at=(16, 32, 64), publish=published.append)
     assert [len(p.tokens) for p in published] == [16, 32]
     assert s.lineage == "sparse" and s.computed_prompt_tokens == 64
     dense = GenerationSession(target, drafter, prefill_chunk=16)
