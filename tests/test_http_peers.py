@@ -1,4 +1,4 @@
-"""The pure parts of `benchmarks/http_peers.py`: an SSE stream into timings, records into
+"""The pure parts of `benchmarks/http_peers.py` (most in `http_peers_report.py`): an SSE stream into timings, records into
 ratios. (The benchmark itself starts three servers; CI does not run it.)"""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from types import ModuleType
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "http_peers.py"
+sys.path.insert(0, str(SCRIPT.parent))  # the script imports its sibling http_peers_report
 
 
 @pytest.fixture(scope="module")
