@@ -11,10 +11,15 @@ stream: the routed stream's time against the direct one's, in %). The gateway is
 differences; targets (issue #35): <= 2 ms per request, streaming per-token overhead <= 3%.
 
 Before and after in one sitting: `--baseline-commit REV` adds a second gateway, run from that
-commit of this repository, measured in the same rounds (`*_baseline` figures);
+commit of this repository, measured in the same rounds (`*_baseline` figures), and each
+`--variant NAME=REV[+plain]` one more (`*_NAME`; the order of the gateways alternates per round);
 `--gateway-commit REV` runs the measured gateway from a commit instead of this working tree,
 and `--upstream-commit REV` the tiny-model upstream (what is measured is the gateway: a fixed
-upstream keeps work in progress in a shared tree out of the figures).
+upstream keeps work in progress in a shared tree out of the figures). `--plain-http ROLE` (and
+`+plain`) hides uvloop and httptools from a process, so uvicorn runs asyncio's loop and h11 as
+before they were dependencies. Beside the wall-time figures, `gateway_cpu_ms` is the CPU time
+of each gateway process per call (all its threads), with its quartiles: other load on a shared
+machine moves it far less than wall time.
 """
 
 from __future__ import annotations
@@ -110,6 +115,28 @@ def timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, 
     return time.perf_counter() - t0, chunks
 
 
+def cpu_ns(pid: int) -> int:
+    """CPU time of process `pid` so far, all its threads (ns: /proc's schedstat, finer than
+    the clock ticks of /proc/PID/stat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total
+
+
+def spread(xs: list[float], scale: float, digits: int) -> dict[str, float]:
+    """Median and quartiles of `xs` (times `scale`)."""
+    q1, med, q3 = statistics.quantiles(xs, n=4) if len(xs) > 1 else (xs[0],) * 3
+    return {
+        "median": round(scale * med, digits),
+        "p25": round(scale * q1, digits),
+        "p75": round(scale * q3, digits),
+    }
+
+
 def pairs(
     client: httpx.Client,
     direct: str,
@@ -117,22 +144,29 @@ def pairs(
     body: dict[str, Any],
     model: str,
     n: int,
+    pids: dict[str, int],
 ) -> dict[str, Any]:
     """n interleaved rounds of the same body: direct, then through each gateway of `routed`
-    (name: URL); the medians and per-round deltas of each against the direct call."""
+    (name: URL; the order alternates per round); the medians and per-round deltas of each
+    against the direct call, and the CPU time each gateway process (`pids`) spent on its call."""
     d_times: list[float] = []
     r_times: dict[str, list[float]] = {name: [] for name in routed}
     deltas: dict[str, list[float]] = {name: [] for name in routed}
     ratios: dict[str, list[float]] = {name: [] for name in routed}
+    cpu: dict[str, list[float]] = {name: [] for name in routed}
     chunks: dict[str, int] = {}
+    names = list(routed)
     for i in range(n + 2):
         d, _ = timed(client, f"{direct}/v1/chat/completions", body)
         times = {}
-        for name, url in routed.items():
+        for name in names if i % 2 else names[::-1]:
+            c0 = cpu_ns(pids[name])
             times[name], chunks[name] = timed(
-                client, f"{url}/v1/chat/completions", {**body, "model": model}
+                client, f"{routed[name]}/v1/chat/completions", {**body, "model": model}
             )
+            cpu[name].append((cpu_ns(pids[name]) - c0) / 1e9)
         if i < 2:  # warm-up: connections, first-request paths
+            cpu = {name: [] for name in routed}
             continue
         d_times.append(d)
         for name, r in times.items():
@@ -145,9 +179,26 @@ def pairs(
         out[f"routed_median_ms{suffix}"] = round(1e3 * statistics.median(r_times[name]), 3)
         out[f"overhead_median_ms{suffix}"] = round(1e3 * statistics.median(deltas[name]), 3)
         out[f"overhead_median_pct{suffix}"] = round(100 * statistics.median(ratios[name]), 2)
+        out[f"overhead_pct_spread{suffix}"] = spread(ratios[name], 100, 2)
+        out[f"overhead_ms_spread{suffix}"] = spread(deltas[name], 1e3, 3)
+        # The gateway process's own CPU per call: what other load on the machine moves least.
+        out[f"gateway_cpu_ms{suffix}"] = spread(cpu[name], 1e3, 3)
         out[f"routed_chunks{suffix}"] = chunks[name]  # the last round's
     out["runs"] = n
     return out
+
+
+HIDDEN = "raise ImportError('hidden by benchmarks/upstream_overhead.py --plain-http')\n"
+
+
+def hide_fast_http(into: Path) -> Path:
+    """A folder that, first on PYTHONPATH, makes `import uvloop` and `import httptools` fail
+    (uvicorn's "auto" loop and HTTP protocol then fall back to asyncio and h11)."""
+    folder = into / "plain-http"
+    for name in ("uvloop", "httptools"):
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        (folder / name / "__init__.py").write_text(HIDDEN)
+    return folder
 
 
 def package_at(commit: str, into: Path) -> Path:
@@ -174,8 +225,29 @@ def main() -> int:
     p.add_argument("--stream-tokens", type=int, default=256)
     p.add_argument("--json", default="benchmarks/results/upstream_overhead.json")
     p.add_argument("--baseline-commit", help="a second gateway from this commit, same rounds")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=REV[+plain]",
+        help="one more gateway from commit REV ('tree': this working tree) in the same rounds"
+        " (`*_NAME` figures); +plain hides uvloop and httptools from it (repeatable)",
+    )
     p.add_argument("--gateway-commit", help="the measured gateway from this commit")
     p.add_argument("--upstream-commit", help="the tiny-model upstream from this commit")
+    p.add_argument(
+        "--stream-rounds",
+        type=int,
+        help="rounds of the tiny model's stream (default: a third of --repeats, at least 5)",
+    )
+    p.add_argument(
+        "--plain-http",
+        action="append",
+        default=[],
+        choices=("gateway", "baseline", "upstream"),
+        help="run that process with uvloop and httptools hidden, so uvicorn picks asyncio's"
+        " loop and h11 as it did before they were dependencies (repeatable)",
+    )
     p.add_argument(
         "--stream-interval-ms",
         type=float,
@@ -194,13 +266,18 @@ def main() -> int:
         procs.append(proc)
         return proc
 
-    def from_commit(commit: str | None) -> dict[str, Any]:
+    def from_commit(commit: str | None, role: str, plain: bool = False) -> dict[str, Any]:
         """A process's environment to import toolflash from `commit` (its package first on the
-        path; run from elsewhere, so this working directory does not shadow it)."""
-        if commit is None:
+        path; run from elsewhere, so this working directory does not shadow it), with uvloop
+        and httptools hidden for a `--plain-http` role."""
+        path = [str(package_at(commit, tmp))] if commit else []
+        if plain or role in args.plain_http:
+            path.insert(0, str(hide_fast_http(tmp)))
+        if not path:
             return {}
-        path = package_at(commit, tmp)
-        return {"env": {**os.environ, "PYTHONPATH": str(path)}, "cwd": str(tmp)}
+        rest = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path + ([rest] if rest else []))}
+        return {"env": env, "cwd": str(tmp)}
 
     try:
         canned_port, tiny_port, gw_port = free_port(), free_port(), free_port()
@@ -212,7 +289,7 @@ def main() -> int:
             ["toolflash", "serve", "--port", str(tiny_port), "--policy", "off", "--mode", "ar"]
             + ["--no-calibrate", "--state-dir", str(tmp / "state"), "--log-level", "warning"],
             "tiny",
-            **from_commit(args.upstream_commit),
+            **from_commit(args.upstream_commit, "upstream"),
         )
         pools = {
             "pools": [
@@ -236,25 +313,35 @@ def main() -> int:
         if args.stream_interval_ms is not None:
             serve += ["--stream-interval-ms", str(args.stream_interval_ms)]
         waits = [(canned, cp), (tiny, tp)]
-        waits.append(
-            (
-                gateway,
-                start(
-                    serve + ["--port", str(gw_port), "--log-level", "warning"],
-                    "gateway",
-                    **from_commit(args.gateway_commit),
-                ),
-            )
+        gp = start(
+            serve + ["--port", str(gw_port), "--log-level", "warning"],
+            "gateway",
+            **from_commit(args.gateway_commit, "gateway"),
         )
+        waits.append((gateway, gp))
+        pids = {"gateway": gp.pid}
         if args.baseline_commit:
             base_port = free_port()
             gateways["baseline"] = f"http://127.0.0.1:{base_port}"
             bp = start(
                 serve + ["--port", str(base_port), "--log-level", "warning"],
                 "baseline",
-                **from_commit(args.baseline_commit),
+                **from_commit(args.baseline_commit, "baseline"),
             )
             waits.append((gateways["baseline"], bp))
+            pids["baseline"] = bp.pid
+        for spec in args.variant:
+            name, _, rev = spec.partition("=")
+            rev, plain = rev.removesuffix("+plain"), rev.endswith("+plain")
+            port = free_port()
+            gateways[name] = f"http://127.0.0.1:{port}"
+            vp = start(
+                serve + ["--port", str(port), "--log-level", "warning"],
+                name,
+                **from_commit(None if rev == "tree" else rev, name, plain),
+            )
+            waits.append((gateways[name], vp))
+            pids[name] = vp.pid
         for url, proc in waits:
             wait_healthy(url, proc)
         msg = [{"role": "user", "content": "Count"}]
@@ -263,8 +350,10 @@ def main() -> int:
             "stream_tokens": args.stream_tokens,
             "gateway_commit": args.gateway_commit or "working tree",
             "baseline_commit": args.baseline_commit,
+            "variants": args.variant,
             "upstream_commit": args.upstream_commit or "working tree",
             "stream_interval_ms": args.stream_interval_ms,
+            "plain_http": args.plain_http,
         }
         with httpx.Client(timeout=120) as client:
             n = args.repeats
@@ -275,6 +364,7 @@ def main() -> int:
                 {"model": "m", "messages": msg, "max_tokens": 1},
                 "canned",
                 n,
+                pids,
             )
             out["canned_stream"] = pairs(
                 client,
@@ -283,6 +373,7 @@ def main() -> int:
                 {"model": "m", "messages": msg, "max_tokens": args.stream_tokens, "stream": True},
                 "canned",
                 n,
+                pids,
             )
             out["tiny_request"] = pairs(
                 client,
@@ -291,6 +382,7 @@ def main() -> int:
                 {"model": "toolflash-tiny-qwen35", "messages": msg, "max_tokens": 8},
                 "tiny",
                 n,
+                pids,
             )
             out["tiny_stream"] = pairs(
                 client,
@@ -304,13 +396,19 @@ def main() -> int:
                     "logit_bias": NO_EOS,
                 },
                 "tiny",
-                max(5, n // 3),
+                args.stream_rounds or max(5, n // 3),
+                pids,
             )
-        c = out["canned_stream"]
-        for suffix in ("", "_baseline") if args.baseline_commit else ("",):
+        c, t = out["canned_stream"], out["tiny_stream"]
+        for suffix in ("" if name == "gateway" else f"_{name}" for name in gateways):
             out[f"gateway_us_per_streamed_token{suffix}"] = round(
                 1e3 * c[f"overhead_median_ms{suffix}"] / args.stream_tokens, 2
             )
+            # CPU the gateway process spends per relayed token (median call of each stream).
+            for name, row in (("canned", c), ("tiny", t)):
+                out[f"gateway_cpu_us_per_token_{name}{suffix}"] = round(
+                    1e3 * row[f"gateway_cpu_ms{suffix}"]["median"] / args.stream_tokens, 2
+                )
         out["load_1min"] = os.getloadavg()[0]
         print(json.dumps(out, indent=2))
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

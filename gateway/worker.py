@@ -65,6 +65,7 @@ class Job:
         # When the first token was handed over (the request's TTFT, whenever it is read).
         self.first_token_at: float | None = None
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()  # an upstream's task pushes from the loop
         # Items cross threads through `_pushed` under `_lock`. `_waiter` is set while the
         # reader waits: for any item, or (`_waits_for_any` False: pacing its batches) only for
         # one that ends the job; the push it waits for wakes it. `_ended`: such an item was
@@ -77,7 +78,8 @@ class Job:
         self._taken: list[tuple[str, Any]] = []
 
     def push(self, kind: str, payload: Any) -> None:
-        """Hand an item to the event loop (called from the worker thread)."""
+        """Hand an item to the event loop (from the worker thread, or from the loop itself: an
+        upstream's relay task)."""
         ends = kind == "error" or isinstance(payload, FinishEvent)
         if (
             self.first_token_at is None
@@ -92,6 +94,11 @@ class Job:
             if waiter is None or not (self._waits_for_any or ends):
                 return  # the reader is busy or pacing: it takes this item with the others
             self._waiter = None
+        if threading.get_ident() == self._loop_thread:
+            # On the loop already: no cross-thread wake-up (its self-pipe write and the
+            # extra loop iteration cost more than the token's own work).
+            _wake(waiter)
+            return
         try:
             self._loop.call_soon_threadsafe(_wake, waiter)
         except RuntimeError:  # the loop is closed: nobody is listening any more

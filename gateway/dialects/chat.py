@@ -3,6 +3,7 @@ SSE chunks ending in `data: [DONE]`)."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -77,6 +78,13 @@ def delta_messages(deltas: list[Delta]) -> list[ChatDelta]:
     return out
 
 
+# The streams' common case: a batch of one kind of text delta, sent without building models.
+_TEXT_FIELDS: dict[type, str] = {ContentDelta: "content", ReasoningDelta: "reasoning_content"}
+_MARK = "\x00toolflash-text\x00"  # no text of a delta reaches the frame's dump
+# The JSON string of a text, as pydantic's dump writes it (UTF-8 kept, control characters escaped).
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+
+
 class ChatStream:
     """`chat.completion.chunk` events: the role chunk, one chunk per run of deltas (the first
     of a batch carries its tokens' log-probabilities), the finish chunk, the usage chunk when
@@ -86,6 +94,8 @@ class ChatStream:
         self.run = run
         self.include_usage = include_usage
         self.created = int(time.time())
+        # Per text field, the event around its JSON string (`_text_chunk`).
+        self._frames: dict[str, tuple[str, str]] = {}
 
     def _chunk(self, **kw: Any) -> str:
         run = self.run
@@ -99,8 +109,23 @@ class ChatStream:
     def start(self) -> str:
         return self._chunk(choices=[ChunkChoice(delta=ChatDelta(role="assistant", content=""))])
 
+    def _text_chunk(self, field: str, text: str) -> str:
+        """The chunk of one run of plain text (`content` or `reasoning_content`): the event the
+        model would give, its text spliced into a frame dumped once per stream (building and
+        dumping the models costs ~7 us a token, this ~0.2 us)."""
+        frame = self._frames.get(field)
+        if frame is None:
+            event = self._chunk(choices=[ChunkChoice(delta=ChatDelta(**{field: _MARK}))])
+            head, _, tail = event.rpartition(_encode(_MARK))
+            frame = self._frames[field] = (head, tail)
+        return frame[0] + _encode(text) + frame[1]
+
     def batch(self, batch: Batch) -> str:
         pending = batch.logprobs
+        if not (pending and self.run.wants_logprobs):
+            kinds = {type(d) for d in batch.deltas}
+            if len(kinds) == 1 and (kind := kinds.pop()) in _TEXT_FIELDS:
+                return self._text_chunk(_TEXT_FIELDS[kind], "".join(d.text for d in batch.deltas))
         out = ""
         for d in delta_messages(batch.deltas):
             out += self._chunk(choices=[ChunkChoice(delta=d, logprobs=self._logprobs(pending))])
