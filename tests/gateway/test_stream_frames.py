@@ -71,12 +71,12 @@ def test_mixed_batches_take_the_general_path() -> None:
     deltas = [ReasoningDelta("think"), ContentDelta("say")]
     assert stream.batch(Batch(deltas, [])) == _dumped(stream, deltas)
     call = [ToolCallDelta(index=0, id="call_1", name="f", arguments="{}")]
-    assert stream.batch(Batch(call, [])) == _dumped(stream, call)  # type: ignore[arg-type]
+    assert stream.batch(Batch(call, [])) == _dumped(stream, call)
 
 
 def test_a_push_on_the_loop_thread_wakes_the_reader_directly() -> None:
     async def main() -> None:
-        job = Job("job", lambda engine: Prepared(None, None))  # type: ignore[arg-type]
+        job = Job("job", lambda engine: Prepared(None, None))
         loop = asyncio.get_running_loop()
         calls: list[Any] = []
         real = loop.call_soon_threadsafe
@@ -85,7 +85,7 @@ def test_a_push_on_the_loop_thread_wakes_the_reader_directly() -> None:
             calls.append(args)
             return real(*args)
 
-        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign,assignment]
         try:
             batches = job.batches()
             reading = asyncio.ensure_future(anext(batches))
