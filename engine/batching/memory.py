@@ -2,13 +2,20 @@
 machine out of memory.
 
 A sequence holds, per attention layer, keys and values for every token (prompt + output), and
-per GatedDeltaNet layer a fixed recurrent and convolution state. `sequence_bytes` reserves the
-worst case at admission (the prompt plus all of `max_tokens`), so what was admitted always fits.
+per GatedDeltaNet layer a fixed recurrent and convolution state. Admission reserves the worst
+case (the prompt plus all of `max_tokens`), so what was admitted always fits.
+
+In a batch every row is as long as the longest (mlx-lm's batch caches left-pad the shorter
+rows), and a batched verify's uneven rollbacks add padding of their own, cut off in common once
+it reaches a buffer step (`verify.rollback_rows`). So a batch of B sequences costs B times its
+longest sequence plus a step, not the sum of their own lengths: a short request beside a long
+agent prompt costs as much as the long one.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +23,8 @@ from mlx.utils import tree_flatten
 
 from ..targets.base import TargetAdapter
 
-# Key/value buffers grow in steps of this many tokens (mlx-lm's KVCache.step), and a batch
-# row is padded up to the longest row.
-_KV_STEP = 256
+# Key/value buffers grow in steps of this many tokens (mlx-lm's KVCache.step).
+KV_STEP = 256
 
 
 @dataclass(frozen=True)
@@ -29,8 +35,16 @@ class SequenceCost:
     fixed: int
 
     def bytes_for(self, tokens: int) -> int:
-        padded = -(-tokens // _KV_STEP) * _KV_STEP
+        padded = -(-tokens // KV_STEP) * KV_STEP
         return self.per_token * padded + self.fixed
+
+    def batch_bytes(self, tokens: Sequence[int]) -> int:
+        """Bytes of sequences of `tokens` each held together: one alone is its own size; two
+        or more are rows of one batch, each padded to the longest plus the padding a verify
+        may leave (less than a step)."""
+        if len(tokens) <= 1:
+            return sum(self.bytes_for(t) for t in tokens)
+        return len(tokens) * self.bytes_for(max(tokens) + KV_STEP)
 
 
 def sequence_cost(target: TargetAdapter) -> SequenceCost:
@@ -69,30 +83,27 @@ def default_budget_bytes(weights_bytes: int) -> int:
 
 
 class MemoryBudget:
-    """Bytes reserved by the admitted sequences, against `limit`."""
+    """The admitted sequences' worst-case tokens, held as one batch, against `limit` bytes."""
 
     def __init__(self, cost: SequenceCost, limit: int) -> None:
         self.cost = cost
         self.limit = limit
-        self.reserved: dict[object, int] = {}
+        self.reserved: dict[object, int] = {}  # key -> tokens
 
     @property
     def used(self) -> int:
-        return sum(self.reserved.values())
-
-    def need(self, tokens: int) -> int:
-        return self.cost.bytes_for(tokens)
+        return self.cost.batch_bytes(list(self.reserved.values()))
 
     def fits(self, tokens: int) -> bool:
         """Whether a sequence of `tokens` fits beside the admitted ones now."""
-        return self.used + self.need(tokens) <= self.limit
+        return self.cost.batch_bytes([*self.reserved.values(), tokens]) <= self.limit
 
     def ever_fits(self, tokens: int) -> bool:
         """Whether it fits at all (alone)."""
-        return self.need(tokens) <= self.limit
+        return self.cost.bytes_for(tokens) <= self.limit
 
     def reserve(self, key: object, tokens: int) -> None:
-        self.reserved[key] = self.need(tokens)
+        self.reserved[key] = tokens
 
     def release(self, key: object) -> None:
         self.reserved.pop(key, None)

@@ -3,7 +3,10 @@ its own accepted prefix.
 
 Attention rows (`BatchKVCache`) drop what no row keeps, then each row that keeps less is rolled
 right by the difference: the dropped tail wraps to the front and becomes left padding, which
-the batch mask hides (mlx-lm's own `prepare(right_padding)` / `finalize` move). GatedDeltaNet
+the batch mask hides (mlx-lm's own `prepare(right_padding)` / `finalize` move). Padding that
+every row has in common is cut off once it reaches a key/value buffer step (as mlx-lm's
+`filter` does when a row leaves), so the batch holds at most the longest row plus less than a
+step, however long it decodes (what `memory.batch_bytes` counts on). GatedDeltaNet
 rows (`ArraysCache`) take, per row, the recurrent state after its last kept token and the
 convolution window ending there, from the forward's tape.
 """
@@ -17,6 +20,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, BatchKVCache, dynamic_roll
 
 from ..targets.base import ForwardResult
+from .memory import KV_STEP
 
 
 def rollback_rows(layers: Sequence[Any], result: ForwardResult, keeps: Sequence[int]) -> None:
@@ -42,7 +46,12 @@ def _rollback_attention(cache: BatchKVCache, drop: int, pad: mx.array, uneven: b
     keys, values, offset, left_padding, idx = cache.state
     keys = dynamic_roll(keys[..., :idx, :], pad[:, None], axis=2)
     values = dynamic_roll(values[..., :idx, :], pad[:, None], axis=2)
-    cache.state = (keys, values, offset - pad, left_padding + pad, idx)
+    left_padding = left_padding + pad
+    common = min(left_padding.tolist())  # tiny: does not wait for the roll
+    if common >= KV_STEP:
+        keys, values = keys[..., common:, :], values[..., common:, :]
+        left_padding, idx = left_padding - common, idx - common
+    cache.state = (keys, values, offset - pad, left_padding, idx)
 
 
 def _rollback_recurrent(cache: ArraysCache, tape: Any, keeps: Sequence[int], fed: int) -> None:
