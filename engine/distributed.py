@@ -28,22 +28,28 @@ log = structlog.get_logger(__name__)
 DEFAULT_TIMEOUT_S = 120.0
 
 
-def launched() -> bool:
-    """Whether this process was started as a rank (by mlx.launch or its equivalent)."""
-    return "MLX_RANK" in os.environ and "MLX_HOSTFILE" in os.environ
+# What mlx.launch sets for each backend besides MLX_RANK.
+LAUNCH_ENV = {"ring": "MLX_HOSTFILE", "jaccl": "MLX_IBV_DEVICES"}
 
 
-def init_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> RingGroup:
-    """The ring group of the launched ranks (at least 2); rank 0 declares the pipeline lost
-    when an answer takes longer than `timeout_s`."""
-    if not launched():
+def launched(backend: str = "ring") -> bool:
+    """Whether this process was started as a rank of `backend` (by mlx.launch or its
+    equivalent)."""
+    return "MLX_RANK" in os.environ and LAUNCH_ENV[backend] in os.environ
+
+
+def init_group(timeout_s: float = DEFAULT_TIMEOUT_S, backend: str = "ring") -> RingGroup:
+    """The group of the launched ranks (at least 2) over `backend` (ring or jaccl); over the
+    ring, rank 0 declares the pipeline lost when an answer takes longer than `timeout_s`."""
+    if not launched(backend):
         raise EngineError(
             "a distributed target needs its ranks started by mlx.launch "
-            "(`mlx.launch --hostfile hosts.json -- toolflash serve --distributed hosts.json`)"
+            f"(`mlx.launch --hostfile hosts.json --backend {backend} -- toolflash serve "
+            "--distributed hosts.json`)"
         )
-    if not mx.distributed.is_available():
-        raise EngineError("this MLX build has no distributed backend")
-    group = join(timeout_s)
+    if not mx.distributed.is_available(backend):
+        raise EngineError(f"this MLX build has no {backend} backend")
+    group = join(timeout_s, backend)
     if group.size < 2:
         raise EngineError("a distributed target needs at least 2 ranks")
     log.info("pipeline.joined", rank=group.rank, ranks=group.size, ring_sockets=len(group.fds))

@@ -82,11 +82,14 @@ def data_sockets(fds: frozenset[int]) -> frozenset[int]:
     return frozenset(kept)
 
 
-def join(timeout_s: float) -> RingGroup:
-    """Join the ranks started with MLX_RANK / MLX_HOSTFILE (mlx.launch) over the ring."""
+def join(timeout_s: float, backend: str = "ring") -> RingGroup:
+    """Join the ranks started by mlx.launch (MLX_RANK and the backend's variables) over
+    `backend`. Only the ring's transfers go through sockets a rank can wait on: over jaccl
+    (RDMA) a receive is MLX's own, without the timeout."""
     before = socket_fds()
-    group = mx.distributed.init(strict=True, backend="ring")
-    return RingGroup(group, data_sockets(socket_fds() - before), timeout_s)
+    group = mx.distributed.init(strict=True, backend=backend)
+    fds = data_sockets(socket_fds() - before) if backend == "ring" else frozenset()
+    return RingGroup(group, fds, timeout_s)
 
 
 def ring_layout() -> str | None:

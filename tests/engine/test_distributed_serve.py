@@ -17,7 +17,14 @@ from typing import Any
 
 import pytest
 
-from toolflash.commands.serve_distributed import check_hostfile, launch_command, ring_addresses
+from toolflash.commands import serve as serve_command
+from toolflash.commands.serve_distributed import (
+    backend_for,
+    check_hostfile,
+    launch_command,
+    rank_env,
+    ring_addresses,
+)
 from toolflash.commands.settings_cli import SettingsError
 from toolflash.ports import free_port
 
@@ -42,6 +49,80 @@ def test_hostfile_checks_and_ring_addresses(tmp_path: Path) -> None:
         hostfile.write_text(bad if isinstance(bad, str) else json.dumps(bad))
         with pytest.raises(SettingsError):
             check_hostfile(str(hostfile))
+
+
+JACCL_HOSTS = [
+    {"ssh": "mac1", "ips": ["10.0.0.1"], "rdma": [None, "rdma_en2"]},
+    {"ssh": "mac2", "ips": [], "rdma": ["rdma_en2", None]},
+]
+
+
+def test_jaccl_hostfile_launch_and_rank_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps({"backend": "jaccl", "hosts": JACCL_HOSTS}))
+    assert check_hostfile(str(hostfile), "jaccl") == 2
+    with pytest.raises(SettingsError, match='needs "ips"'):
+        check_hostfile(str(hostfile), "ring")  # the second host has no ring address
+    command = launch_command(str(hostfile), 2, ["serve"], "jaccl")
+    assert command[command.index("--backend") + 1] == "jaccl"
+    for env in ("MLX_JACCL_COORDINATOR", "MLX_IBV_DEVICES", "MLX_HOSTFILE"):
+        monkeypatch.delenv(env, raising=False)
+    rank_env(str(hostfile), "jaccl")  # a rank started by hand: what mlx.launch would set
+    assert os.environ["MLX_JACCL_COORDINATOR"] == "10.0.0.1:32323"
+    assert json.loads(Path(os.environ["MLX_IBV_DEVICES"]).read_text()) == [
+        [None, "rdma_en2"],
+        ["rdma_en2", None],
+    ]
+    assert "MLX_HOSTFILE" not in os.environ
+    bad = [dict(JACCL_HOSTS[0], rdma=["rdma_en2", None]), JACCL_HOSTS[1]]  # not null at self
+    hostfile.write_text(json.dumps(bad))
+    with pytest.raises(SettingsError, match='"rdma"'):
+        check_hostfile(str(hostfile), "jaccl")
+
+
+def test_backend_choice_and_its_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mlx.core as mx
+
+    hostfile = tmp_path / "hosts.json"
+    hosts = [{"ssh": "mac1", "ips": ["10.0.0.1"]}, {"ssh": "mac2", "ips": ["10.0.0.2"]}]
+    hostfile.write_text(json.dumps(hosts))
+    monkeypatch.setattr(mx.distributed, "is_available", lambda backend="any": True)
+    assert backend_for(str(hostfile), None) == "ring"  # no backend named: ring
+    assert backend_for(str(hostfile), "jaccl") == "jaccl"  # the flag
+    hostfile.write_text(json.dumps({"backend": "jaccl", "hosts": hosts}))
+    assert backend_for(str(hostfile), None) == "jaccl"  # the hostfile's
+    assert backend_for(str(hostfile), "ring") == "ring"  # the flag wins, as in mlx.launch
+    hostfile.write_text(json.dumps({"backend": "mpi", "hosts": hosts}))
+    with pytest.raises(SettingsError, match="backend 'mpi'.*ring or jaccl"):
+        backend_for(str(hostfile), None)
+    hostfile.write_text(json.dumps(hosts))
+    monkeypatch.setattr(mx.distributed, "is_available", lambda backend="any": backend == "ring")
+    with pytest.raises(SettingsError, match="cannot run it.*rdma_ctl enable"):
+        backend_for(str(hostfile), "jaccl")
+
+
+def test_serve_rejects_a_backend_it_cannot_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    import mlx.core as mx
+
+    def run(*argv: str) -> int:
+        p = argparse.ArgumentParser()
+        serve_command.add_arguments(p)
+        return serve_command.run(p.parse_args(list(argv)))
+
+    monkeypatch.setattr(mx.distributed, "is_available", lambda backend="any": backend == "ring")
+    monkeypatch.delenv("MLX_RANK", raising=False)
+    assert run("--distributed-backend", "jaccl") == 2
+    assert "--distributed-backend needs --distributed" in capsys.readouterr().err
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps({"backend": "jaccl", "hosts": JACCL_HOSTS}))
+    assert run("--distributed", str(hostfile)) == 2  # before any rank is started
+    assert "--distributed-backend jaccl: this machine's MLX" in capsys.readouterr().err
 
 
 def serve(port: int, extra: list[str], env: dict[str, str]) -> subprocess.Popen:

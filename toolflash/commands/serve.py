@@ -302,6 +302,13 @@ def run(args: argparse.Namespace) -> int:
             raise SettingsError("--no-local-model needs --upstreams")
         if settings.distributed and not settings.local_model:
             raise SettingsError("--distributed splits the local model: not with --no-local-model")
+        if settings.distributed_backend and not settings.distributed:
+            raise SettingsError("--distributed-backend needs --distributed HOSTFILE")
+        backend = (
+            serve_distributed.backend_for(settings.distributed, settings.distributed_backend)
+            if settings.distributed
+            else None
+        )
     except (SettingsError, ValueError) as exc:
         print(f"toolflash serve: {exc}", file=sys.stderr)
         return 2
@@ -314,7 +321,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if settings.distributed and not serve_distributed.is_rank():
         try:
-            return serve_distributed.launch(settings.distributed, sys.argv[1:])
+            return serve_distributed.launch(settings.distributed, sys.argv[1:], backend or "ring")
         except SettingsError as exc:
             print(f"toolflash serve: {exc}", file=sys.stderr)
             return 2
@@ -326,8 +333,8 @@ def run(args: argparse.Namespace) -> int:
         from toolflash.engine.distributed import init_group, serve_rank
 
         try:
-            serve_distributed.ring_env(settings.distributed)
-            pipeline = init_group()
+            serve_distributed.rank_env(settings.distributed, backend or "ring")
+            pipeline = init_group(backend=backend or "ring")
         except (EngineError, SettingsError) as exc:
             print(f"toolflash serve: {exc}", file=sys.stderr)
             return 1

@@ -78,9 +78,15 @@ class ServeSettings(BaseModel):
     distributed: str | None = Field(
         default=None,
         description="mlx.launch hostfile (JSON): split the target's layers across its hosts over"
-        " MLX's ring backend, the first host rank 0 (the drafter, the policy and this gateway,"
+        " MLX's distributed backend (--distributed-backend), the first host rank 0 (the drafter, the policy and this gateway,"
         " one request at a time); run outside mlx.launch, serve starts the ranks through it"
         " (SERVER.md, Distributed target)",
+    )
+    distributed_backend: Literal["ring", "jaccl"] | None = Field(
+        default=None,
+        description="MLX backend the --distributed ranks join: ring (TCP over Ethernet or a"
+        " Thunderbolt bridge) or jaccl (RDMA over Thunderbolt 5, macOS 26.2+; not tested by"
+        ' this project); unset: the hostfile\'s "backend", else ring, as mlx.launch reads it',
     )
     local_model: bool = Field(
         default=True,
