@@ -151,12 +151,22 @@ def http_run(
     return Run(time.perf_counter() - t0, ttft, usage.get("completion_tokens", 0), queue_s)
 
 
-def start_server(app: Starlette) -> tuple[str, uvicorn.Server, threading.Thread]:
+# uvicorn's loop and HTTP protocol per --http-stack: "auto" takes uvloop and httptools (the
+# dependencies `toolflash serve` runs on), "plain" asyncio's loop and h11 (as before them).
+HTTP_STACKS = {"auto": ("auto", "auto"), "plain": ("asyncio", "h11")}
+
+
+def start_server(
+    app: Starlette, stack: str = "auto"
+) -> tuple[str, uvicorn.Server, threading.Thread]:
     # proto=IPPROTO_TCP: asyncio only sets TCP_NODELAY on accepted sockets of that proto
     # (with proto 0 every response body waits ~40 ms for a delayed ACK).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    loop, http = HTTP_STACKS[stack]
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", access_log=False, loop=loop, http=http)
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     return f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread
@@ -330,6 +340,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--per-client", type=int, default=2)
     p.add_argument(
+        "--http-stack",
+        choices=tuple(HTTP_STACKS),
+        default="auto",
+        help="auto: uvicorn's choice (uvloop and httptools when installed, as serve runs);"
+        " plain: asyncio's loop and h11",
+    )
+    p.add_argument(
         "--switch-interval-ms",
         type=float,
         default=None,
@@ -360,12 +377,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.stream_interval_ms is not None:
         config = config.model_copy(update={"stream_interval_ms": args.stream_interval_ms})
     app = create_app(factory, config)
-    url, server, thread = start_server(app)
+    url, server, thread = start_server(app, args.http_stack)
     direct: list[Run] = []
     plain: list[Run] = []
     streamed: list[Run] = []
     try:
         wait_ready(url, timeout=1800)
+        stack_loop = type(server.servers[0].get_loop()).__module__  # uvloop or asyncio.*
         worker = app.state.gateway.worker
         # Clients run in their own process, as real clients do (here they would compete with
         # the engine and the event loop for the GIL). Direct runs go through the worker so the
@@ -433,6 +451,11 @@ def main(argv: list[str] | None = None) -> int:
         "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "stream_interval_ms": getattr(config, "stream_interval_ms", None),
+        "http_stack": {
+            "requested": args.http_stack,
+            "loop": stack_loop,
+            "protocol": server.config.http_protocol_class.__name__,
+        },
         "machine": {
             "platform": platform.platform(),
             "machine": platform.machine(),

@@ -19,7 +19,8 @@ upstream keeps work in progress in a shared tree out of the figures). `--plain-h
 `+plain`) hides uvloop and httptools from a process, so uvicorn runs asyncio's loop and h11 as
 before they were dependencies. Beside the wall-time figures, `gateway_cpu_ms` is the CPU time
 of each gateway process per call (all its threads), with its quartiles: other load on a shared
-machine moves it far less than wall time.
+machine moves it far less than wall time. `--pin` puts the tiny-model upstream on a CPU of its
+own and everything else on the rest.
 """
 
 from __future__ import annotations
@@ -236,6 +237,13 @@ def main() -> int:
     p.add_argument("--gateway-commit", help="the measured gateway from this commit")
     p.add_argument("--upstream-commit", help="the tiny-model upstream from this commit")
     p.add_argument(
+        "--pin",
+        action="store_true",
+        help="the tiny-model upstream on the last CPU of this process's set, every other"
+        " process (gateways, canned upstream, this client) on the rest: the gateway then takes"
+        " no CPU from the upstream's decode (as beside a GPU server), only adds its latency",
+    )
+    p.add_argument(
         "--stream-rounds",
         type=int,
         help="rounds of the tiny model's stream (default: a third of --repeats, at least 5)",
@@ -258,11 +266,28 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="upstream-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
 
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cpus) < 2:
+        p.error("--pin needs two CPUs at least")
+    decode_cpus, other_cpus = set(cpus[-1:]), set(cpus[:-1])
+    if args.pin:
+        os.sched_setaffinity(0, other_cpus)  # this client; the processes it starts inherit it
+
     def start(
-        argv: list[str], name: str, env: dict[str, str] | None = None, cwd: str | None = None
+        argv: list[str],
+        name: str,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        *,
+        decode: bool = False,
     ) -> subprocess.Popen[bytes]:
         log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - the process owns it
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        pin = None
+        if args.pin and decode:
+            pin = lambda: os.sched_setaffinity(0, decode_cpus)  # noqa: E731
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=pin
+        )
         procs.append(proc)
         return proc
 
@@ -290,6 +315,7 @@ def main() -> int:
             + ["--no-calibrate", "--state-dir", str(tmp / "state"), "--log-level", "warning"],
             "tiny",
             **from_commit(args.upstream_commit, "upstream"),
+            decode=True,
         )
         pools = {
             "pools": [
@@ -354,6 +380,9 @@ def main() -> int:
             "upstream_commit": args.upstream_commit or "working tree",
             "stream_interval_ms": args.stream_interval_ms,
             "plain_http": args.plain_http,
+            "pinned": {"upstream": sorted(decode_cpus), "others": sorted(other_cpus)}
+            if args.pin
+            else None,
         }
         with httpx.Client(timeout=120) as client:
             n = args.repeats
