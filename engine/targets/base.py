@@ -111,6 +111,39 @@ class DecoderStack:
         mlp = layer.mlp
         return mlp.down_proj(self.mlp_activation(mlp.gate_proj(x)) * mlp.up_proj(x))
 
+    def forward(
+        self,
+        tokens: mx.array,
+        cache: list[Any],
+        capture: Sequence[int] = (),
+        keep_tape: bool = False,
+        last_logits_only: bool = False,
+        position_shift: int = 0,
+    ) -> ForwardResult:
+        h = self.embed(tokens)
+        h, captured, tape = self.run_layers(
+            h, range(self.num_layers), cache, capture, keep_tape, position_shift
+        )
+        return ForwardResult(
+            logits=self.finish(h, last_logits_only),
+            features=features_in_order(captured, capture),
+            tokens=int(tokens.shape[1]),
+            tape=tape,
+        )
+
+    def run_layers(
+        self,
+        h: mx.array,
+        layers: range,
+        cache: Sequence[Any],
+        capture: Sequence[int],
+        keep_tape: bool,
+        position_shift: int,
+    ) -> tuple[mx.array, list[mx.array], dict[int, Any]]:
+        """Decoder layers `layers` on `h` (`cache[j]` is layer layers[j]'s): the output, the
+        outputs of layers in `capture` (in layer order), and what rollback needs (the tape)."""
+        raise NotImplementedError
+
     def finish(self, h: mx.array, last_logits_only: bool) -> mx.array:
         """Logits from the last layer's output."""
         if last_logits_only:

@@ -9,7 +9,7 @@ import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from .base import DecoderStack, ForwardResult, features_in_order
+from .base import DecoderStack, ForwardResult
 from .positional import qwen3_attention_at
 
 
@@ -23,25 +23,6 @@ class Qwen3Target(DecoderStack):
 
     def make_cache(self) -> list[Any]:
         return [KVCache() for _ in self.layers]
-
-    def forward(
-        self,
-        tokens: mx.array,
-        cache: list[Any],
-        capture: Sequence[int] = (),
-        keep_tape: bool = False,
-        last_logits_only: bool = False,
-        position_shift: int = 0,
-    ) -> ForwardResult:
-        h = self.embed(tokens)
-        h, captured, _ = self.run_layers(
-            h, range(self.num_layers), cache, capture, False, position_shift
-        )
-        return ForwardResult(
-            logits=self.finish(h, last_logits_only),
-            features=features_in_order(captured, capture),
-            tokens=int(tokens.shape[1]),
-        )
 
     def run_layers(
         self,

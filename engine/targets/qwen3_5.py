@@ -22,7 +22,7 @@ from mlx_lm.models.gated_delta import compute_g, normalize_qk
 
 from toolflash.kernels import gated_delta
 
-from .base import DecoderStack, ForwardResult, features_in_order
+from .base import DecoderStack, ForwardResult
 from .positional import qwen3_next_attention_at
 
 
@@ -85,26 +85,6 @@ class Qwen35Target(DecoderStack):
 
     def make_cache(self) -> list[Any]:
         return [ArraysCache(size=2) if layer.is_linear else KVCache() for layer in self.layers]
-
-    def forward(
-        self,
-        tokens: mx.array,
-        cache: list[Any],
-        capture: Sequence[int] = (),
-        keep_tape: bool = False,
-        last_logits_only: bool = False,
-        position_shift: int = 0,
-    ) -> ForwardResult:
-        h = self.embed(tokens)
-        h, captured, tape = self.run_layers(
-            h, range(self.num_layers), cache, capture, keep_tape, position_shift
-        )
-        return ForwardResult(
-            logits=self.finish(h, last_logits_only),
-            features=features_in_order(captured, capture),
-            tokens=int(tokens.shape[1]),
-            tape=tape,
-        )
 
     def run_layers(
         self,
