@@ -153,6 +153,15 @@ class ExploreSettings(_Strict):
     budget_per_request: int = Field(
         default=24, ge=0, description="probe steps one request may spend"
     )
+    probe_share: float = Field(
+        default=0.15,
+        ge=0.0,
+        le=1.0,
+        description="... and a probe starts only where the request's probe steps, its own"
+        " included, stay within this share of the request's steps so far (1.0: from its first"
+        " steps). Most probes lose, and a short answer has little left to win back: a probe at"
+        " step 4 of a 12-token answer ran half of it",
+    )
     backoff_base_steps: int = Field(
         default=32,
         ge=1,
@@ -174,6 +183,12 @@ class ExploreSettings(_Strict):
         description="where the class says AR, open each request (and each span kind it enters)"
         " with one spec cycle and stay spec if this request's own acceptance beats AR (backs off"
         " per class and span)",
+    )
+    opening_block: Literal["largest", "best"] = Field(
+        default="best",
+        description="the block of an opening cycle: best, the spec block the span's estimates"
+        " rank highest; largest, the drafter's largest (where a cycle of 16 costs several AR"
+        " steps, one request's acceptance at 16 lost to AR where the same drafts at 4 won)",
     )
 
 

@@ -10,6 +10,7 @@ and the estimates of its arms (`Throughput` per arm, read by the controller once
 - `could_win`: whether spec at a block could beat the best arm at all (probing it is pure loss
   where it cannot);
 - `probe_reason` / `pick_probe`: whether an arm deserves a probe, and which one;
+  `probe_fits`: whether a probe of some length fits the request's probe share;
 - `beats`: a probe's verdict from the estimates; `local_verdict`: an opening's or retry's from the
   request's own tokens per cycle.
 Nothing here reads state or has effects: the controller reads, these decide.
@@ -210,6 +211,15 @@ def probe_reason(
     if explore_p <= p < min_confidence:
         return "uncertain"
     return None
+
+
+def probe_fits(probe_steps: int, length: int, steps: int, share: float) -> bool:
+    """Whether a probe of `length` steps may start after `steps` steps of a request that spent
+    `probe_steps` of them probing: its probe steps, the new ones included, stay within `share`
+    of its steps. A probe is a loss for the request that runs it when it loses (most do), and
+    a short request has little left to win back: a 12-token answer that probed AR for 6 steps
+    at its 4th ran half of itself on the probe. Long requests still probe, later and less."""
+    return probe_steps + length <= share * (steps + length)
 
 
 def pick_probe(

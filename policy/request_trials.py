@@ -140,13 +140,20 @@ class RequestTrials:
         if picked is None:
             return None
         arm, why = picked
-        # Lookup steps are AR steps where nothing matches: probed as long as AR.
-        spec = arm[0] == "spec"
-        length = self.explore.probe_spec_cycles if spec else self.explore.probe_ar_steps
-        length = min(length, self.budget)
+        length = self._length(arm)
+        # The arm most worth a probe waits for its share rather than yield to a shorter one.
+        if not decide.probe_fits(self.probe_steps, length, host.steps, self.explore.probe_share):
+            return None
         self.current = Trial("probe", span, arm, host.arm, length)
         self.probes += 1
         return arm, f"{span}: probe {arm_name(arm)} for {length} steps ({why})", "probe"
+
+    def _length(self, arm: Arm) -> int:
+        """Steps a probe of `arm` runs (lookup steps are AR steps where nothing matches:
+        probed as long as AR), within what is left of the request's budget."""
+        spec = arm[0] == "spec"
+        length = self.explore.probe_spec_cycles if spec else self.explore.probe_ar_steps
+        return min(length, self.budget)
 
     def _end_probe(self, probe: Trial, span: str) -> Choice:
         self.flush_ticks()
@@ -179,9 +186,9 @@ class RequestTrials:
 
     # -- openings ---------------------------------------------------------------------------
     def opening_candidate(self, rule: SpanRule, span: str, arm: Arm) -> Arm | None:
-        """The spec arm to open `span` with, where the class chose AR and an opening is on and
-        judgeable (AR and the cycle time measured; no grammar-forced runs, which one drafted
-        cycle cannot judge). The backoff is asked apart (`allowed_opening`): a read must not
+        """The spec arm to open `span` with (at `opening_block`), where the class chose AR and
+        an opening is on and judgeable (AR and the cycle time measured; no grammar-forced runs,
+        which one drafted cycle cannot judge). The backoff is asked apart (`allowed_opening`): a read must not
         consume its chances."""
         if not self.explore.opening_probe or arm != AR or rule.mode != "adaptive":
             return None
@@ -190,12 +197,14 @@ class RequestTrials:
         spec = [a for a in self.host.arms(rule) if a[0] == "spec"]
         if not spec:
             return None
-        largest = max(spec, key=lambda a: a[1])
+        block = max(a[1] for a in spec)
+        if self.explore.opening_block == "best":
+            block = self.host.best_block(span)
         if not reads.throughput(AR, span).known or reads.has_forced_runs(span):
             return None
-        if reads.cycle_seconds(largest[1]) is None:
+        if reads.cycle_seconds(block) is None:
             return None
-        return largest
+        return ("spec", block)
 
     def allowed_opening(self, span: str, candidate: Arm | None) -> Arm | None:
         """`candidate` where the opening backoff allows it (asking is one chance)."""
