@@ -55,11 +55,11 @@ def _rollback_attention(cache: BatchKVCache, drop: int, pad: mx.array, uneven: b
 
 
 def _rollback_recurrent(cache: ArraysCache, tape: Any, keeps: Sequence[int], fed: int) -> None:
-    rows = mx.arange(len(keeps))
     keep = mx.array(list(keeps))
     # State after k kept tokens: the prior state for k = 0, else the state after step k - 1.
-    states = mx.stack([tape.prior, *tape.states], axis=1)
-    cache[1] = states[rows, keep]
+    # The tape builds a state only when read, so only the kept ones are computed.
+    kept = {k: tape.prior if k == 0 else tape.states[k - 1] for k in set(keeps)}
+    cache[1] = mx.stack([kept[k][row] for row, k in enumerate(keeps)])
     conv_input = tape.conv_input  # [B, K-1+T, C]: the window before the forward, then its inputs
     window = conv_input.shape[1] - fed
     index = (keep[:, None] + mx.arange(window)[None])[:, :, None]
