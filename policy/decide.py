@@ -83,23 +83,43 @@ def arms(rule: SpanRule, max_block: int, lookup_block: int = 0) -> list[Arm]:
     return out
 
 
-def best_block(rule: SpanRule, allowed: Sequence[Arm], est: Mapping[Arm, Throughput]) -> int:
-    """The spec block with the highest estimate (what a decision for AR records its surplus at)."""
+def best_block(
+    rule: SpanRule, allowed: Sequence[Arm], est: Mapping[Arm, Throughput], caution: float = 0.0
+) -> int:
+    """The spec block a decision for spec would settle on among the measured ones, else the one
+    with the highest estimate (what a decision for AR records its surplus at, and an opening
+    cycle runs at)."""
     spec = [a for a in allowed if a[0] == "spec"]
     if not spec:
         return max(b for b in rule.block_sizes)
+    known = [a for a in spec if est[a].known]
+    if known:
+        return settled_block(known, est, rule, caution)[1]
     return max(spec, key=lambda a: est[a].tps)[1]
 
 
-def settled_block(known: Sequence[Arm], est: Mapping[Arm, Throughput], rule: SpanRule) -> Arm:
+def cautious(t: Throughput, caution: float, min_samples: float) -> Throughput:
+    """`t` less `caution` standard errors where it rests on fewer than `min_samples` of its own
+    measurements (a prior, or a probe's few cycles), else `t`."""
+    if caution <= 0 or t.samples >= min_samples or not t.known:
+        return t
+    return Throughput(max(t.tps - caution * t.std, 1e-9), t.std, t.samples, t.prior)
+
+
+def settled_block(
+    known: Sequence[Arm], est: Mapping[Arm, Throughput], rule: SpanRule, caution: float = 0.0
+) -> Arm:
     """The largest measured spec block, unless a smaller one is faster by the switch margin with
     confidence; then, among those, the largest within the margin of the fastest. The decided
     block is a ceiling: the engine's adaptive draft length shrinks it after drafts that miss, but
     cannot grow past it. And a smaller block's cycles say nothing of what a larger one would
     commit once they are accepted whole, so near-equal estimates favoured the smaller block for
     good (a reasoning span of one or two cycles settled on 8 and cost a cycle a request against
-    always-spec at 16)."""
+    always-spec at 16). A block whose estimate rests on few measurements of its own counts at
+    its `cautious` value: three lucky probe cycles at 16 (357±210 tok/s against 345±20 at 4)
+    otherwise settled short answers on 16, where a cycle of 16 costs several AR steps."""
     spec = [a for a in known if a[0] == "spec"]
+    est = {a: cautious(est[a], caution, rule.min_samples) for a in spec}
     largest = max(spec, key=lambda a: a[1])
     top = est[largest]
     winners = [
@@ -126,12 +146,14 @@ def choose(
     initial_mode: str,
     fresh_block: bool = False,
     caution: float = 0.0,
+    block_caution: float,
 ) -> Choice:
     """The arm for `span` among `allowed`, keeping `current` unless another arm is faster by the
     margin with enough confidence (None: a start, the best known arm by `start_rank`). With
     `fresh_block` (a span's first decision), a spec `current` first takes the span's settled
     block size.
-    `running` is the arm the request runs now (the reason says "keep" for it)."""
+    `running` is the arm the request runs now (the reason says "keep" for it); `caution` ranks a
+    start (`start_rank`), `block_caution` the spec blocks (`settled_block`)."""
     if len(allowed) == 1:
         return allowed[0], f"{span}: policy mode {rule.mode}", "forced"
     kind = "start" if current is None else "span"
@@ -146,7 +168,7 @@ def choose(
             return arm, f"{span}: spec not measured yet, initial {arm_name(arm)}", kind
         current = max(known, key=lambda a: start_rank(est[a], caution))
         if current[0] == "spec":
-            current = settled_block(known, est, rule)
+            current = settled_block(known, est, rule, block_caution)
         return current, f"{span}: fastest known {fmt(current, est)}", kind
     assert current is not None
     if fresh_block and current[0] == "spec":
@@ -156,7 +178,7 @@ def choose(
         # carried into the tool call after it (8 where 16 commits twice as much).
         spec_known = [a for a in known if a[0] == "spec"]
         if spec_known:
-            current = settled_block(spec_known, est, rule)
+            current = settled_block(spec_known, est, rule, block_caution)
     cur = est[current]
     if not cur.known:
         return current, f"{span}: keep {arm_name(current)} (not measured here yet)", kind

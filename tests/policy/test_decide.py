@@ -38,7 +38,7 @@ def test_arms_follow_the_rule_and_the_drafters_block() -> None:
 def _choose(current: Arm | None, est: dict[Arm, Throughput], **kw: object) -> tuple[Arm, str, str]:
     allowed = arms(RULE, 16)
     full = {a: est.get(a, UNKNOWN) for a in allowed}
-    return choose(RULE, "text", current, allowed, full, running=current or AR, initial_mode="spec", **kw)  # type: ignore[arg-type]  # fmt: skip
+    return choose(RULE, "text", current, allowed, full, running=current or AR, initial_mode="spec", **{"block_caution": 0.0, **kw})  # type: ignore[arg-type]  # fmt: skip
 
 
 def test_choose_starts_optimistic_then_fastest_known_and_keeps_within_the_margin() -> None:
@@ -52,7 +52,9 @@ def test_choose_starts_optimistic_then_fastest_known_and_keeps_within_the_margin
     assert arm == AR and "beats spec8" in reason
     # A forced rule has one arm.
     one = SpanRule("ar", (16,), 0.05, 0.8, 3.0)
-    assert choose(one, "json", None, [AR], {AR: UNKNOWN}, running=AR, initial_mode="spec") == (
+    assert choose(
+        one, "json", None, [AR], {AR: UNKNOWN}, running=AR, initial_mode="spec", block_caution=0.0
+    ) == (
         AR,
         "json: policy mode ar",
         "forced",

@@ -1,11 +1,14 @@
-"""Exploration a request can afford: probes within a share of the request's steps (a short
-answer runs none), and an opening cycle at the block the span's estimates rank best."""
+"""Exploration a request can afford, and blocks chosen under uncertainty: probes within a share
+of the request's steps (a short answer runs none), an opening cycle at the block the span would
+settle on, and a block measured by a few lucky cycles not preferred to a well-measured one."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from toolflash.policy.decide import probe_fits
+from toolflash.policy.config import SpanRule
+from toolflash.policy.decide import probe_fits, settled_block
+from toolflash.policy.estimates import Throughput
 from toolflash.policy.request_class import RequestClass
 
 from .fakes import spec_record
@@ -74,3 +77,17 @@ def test_the_opening_block_largest_is_the_drafters(tmp_path: Path) -> None:
     decision = ctrl.start(300, 16)
     assert ctrl.decisions[-1]["kind"] == "opening"
     assert (decision.mode, decision.block_size) == ("spec", 16)
+
+
+RULE = SpanRule("adaptive", (16, 8, 4), 0.05, 0.8, 3.0)
+
+
+def test_a_block_measured_by_a_few_cycles_yields_to_a_well_measured_one() -> None:
+    few16 = Throughput(357.0, 210.0, 2.0)
+    many4 = Throughput(345.0, 20.0, 50.0)
+    known = [("spec", 16), ("spec", 4)]
+    assert settled_block(known, {("spec", 16): few16, ("spec", 4): many4}, RULE, 0.0)[1] == 16
+    assert settled_block(known, {("spec", 16): few16, ("spec", 4): many4}, RULE, 1.0)[1] == 4
+    # Measured as well as block 4, 16 keeps its precedence among near-equal estimates.
+    many16 = Throughput(357.0, 20.0, 50.0)
+    assert settled_block(known, {("spec", 16): many16, ("spec", 4): many4}, RULE, 1.0)[1] == 16
