@@ -98,6 +98,19 @@ def best_block(
     return max(spec, key=lambda a: est[a].tps)[1]
 
 
+def anchor_block(
+    spec: Sequence[Arm], est: Mapping[Arm, Throughput], rule: SpanRule, caution: float
+) -> Arm:
+    """The block `settled_block` keeps unless another is clearly faster: the largest (with
+    `caution`: the largest measured `min_samples` times, else the best cautious estimate)."""
+    if caution > 0:
+        measured = [a for a in spec if est[a].samples >= rule.min_samples]
+        if measured:
+            return max(measured, key=lambda a: a[1])
+        return max(spec, key=lambda a: (cautious(est[a], caution, rule.min_samples).tps, a[1]))
+    return max(spec, key=lambda a: a[1])
+
+
 def cautious(t: Throughput, caution: float, min_samples: float) -> Throughput:
     """`t` less `caution` standard errors where it rests on fewer than `min_samples` of its own
     measurements (a prior, or a probe's few cycles), else `t`."""
@@ -115,12 +128,12 @@ def settled_block(
     cannot grow past it. And a smaller block's cycles say nothing of what a larger one would
     commit once they are accepted whole, so near-equal estimates favoured the smaller block for
     good (a reasoning span of one or two cycles settled on 8 and cost a cycle a request against
-    always-spec at 16). A block whose estimate rests on few measurements of its own counts at
-    its `cautious` value: three lucky probe cycles at 16 (357±210 tok/s against 345±20 at 4)
-    otherwise settled short answers on 16, where a cycle of 16 costs several AR steps."""
+    always-spec at 16). With `caution`, the precedence goes to the largest block measured at
+    least `min_samples` times, or where none is, to the best `cautious` estimate: three lucky
+    probe cycles at 16 (357±210 tok/s against 345±20 at 4) settled short answers on 16, where a
+    cycle of 16 costs several AR steps."""
     spec = [a for a in known if a[0] == "spec"]
-    est = {a: cautious(est[a], caution, rule.min_samples) for a in spec}
-    largest = max(spec, key=lambda a: a[1])
+    largest = anchor_block(spec, est, rule, caution)
     top = est[largest]
     winners = [
         a

@@ -91,3 +91,14 @@ def test_a_block_measured_by_a_few_cycles_yields_to_a_well_measured_one() -> Non
     # Measured as well as block 4, 16 keeps its precedence among near-equal estimates.
     many16 = Throughput(357.0, 20.0, 50.0)
     assert settled_block(known, {("spec", 16): many16, ("spec", 4): many4}, RULE, 1.0)[1] == 16
+
+
+def test_among_priors_the_best_cautious_estimate_anchors() -> None:
+    # Nothing measured here yet (calibrated priors): 16's prior is lower and 4's wide; the
+    # cautious anchor is 4 (226 vs 91), and 16 is no clear winner over it.
+    est = {("spec", 16): Throughput(168.0, 77.0, 0.0, "class")}
+    est[("spec", 4)] = Throughput(400.0, 174.0, 0.0, "class")
+    assert settled_block(list(est), est, RULE, 1.0)[1] == 4
+    # Only 16 measured: it anchors, and 4's wide prior is no clear winner.
+    est[("spec", 16)] = Throughput(380.0, 20.0, 40.0)
+    assert settled_block(list(est), est, RULE, 1.0)[1] == 16
