@@ -31,6 +31,7 @@ from toolflash.gateway.request import ApiRequest
 from toolflash.gateway.upstream_choice import PoolState, SpeedTable, choose
 from toolflash.gateway.upstream_config import UpstreamPool, UpstreamsFile
 from toolflash.gateway.upstream_engine import UpstreamEngine
+from toolflash.gateway.upstream_net import AsyncioBackend
 from toolflash.gateway.upstream_pool import pick
 from toolflash.gateway.upstream_stream import PoolRoute, Retry, UpstreamUnavailable
 from toolflash.gateway.upstream_wire import chat_body
@@ -218,7 +219,7 @@ class UpstreamPools:
     def __init__(self, pools: UpstreamsFile) -> None:
         # One connection pool for all replicas; limits are the pools' capacities.
         self._client = httpcore.AsyncConnectionPool(
-            max_connections=None, max_keepalive_connections=64
+            max_connections=None, max_keepalive_connections=64, network_backend=AsyncioBackend()
         )
         self.speeds = SpeedTable()
         self.routes = {
