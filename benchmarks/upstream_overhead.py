@@ -372,6 +372,7 @@ def main() -> int:
             wait_healthy(url, proc)
         msg = [{"role": "user", "content": "Count"}]
         out: dict[str, Any] = {
+            "command": "python benchmarks/upstream_overhead.py " + " ".join(sys.argv[1:]),
             "repeats": args.repeats,
             "stream_tokens": args.stream_tokens,
             "gateway_commit": args.gateway_commit or "working tree",
