@@ -208,12 +208,12 @@ class DecisionSettings(_Strict):
         " also ruled out correct calibrated priors of fresh policies (qwen3 free text, cold:"
         " 0.93x vs 1.22x; benchmarks/results/policy_timing_caution.md)",
     )
-    block_caution: float = Field(
-        default=1.0,
-        ge=0.0,
-        description="the spec block is chosen on estimates less this many standard errors where"
-        " they rest on fewer than `min_samples` own measurements (0: as they are): a few lucky"
-        " probe cycles at 16 settled short answers of the qwen3 pair on 16 (0.4x of block 4 there)",
+    block_precedence: Literal["measured", "largest"] = Field(
+        default="measured",
+        description="which spec block a span keeps unless a smaller one is clearly faster:"
+        " largest, the largest block; measured, the largest measured `min_samples` times here"
+        " where one is (three lucky probe cycles at 16 settled short qwen3 answers on 16, 0.4x of"
+        " block 4 there)",
     )
     recheck_every: int = Field(
         default=8, ge=1, description="re-evaluate inside a span every N steps"

@@ -305,7 +305,7 @@ class PolicyController:
             initial_mode=self.dec.initial_mode,
             fresh_block=fresh_block,
             caution=self.dec.start_caution if current is None else 0.0,
-            block_caution=self.dec.block_caution,
+            block_precedence=self.dec.block_precedence,
         )
 
     def arms(self, rule: SpanRule) -> list[Arm]:
@@ -316,7 +316,7 @@ class PolicyController:
         rule = self.policy.rule(self.label, span)
         allowed = self.arms(rule)
         spec = {a: self.reads.throughput(a, span) for a in allowed if a[0] == "spec"}
-        return decide.best_block(rule, allowed, spec, self.dec.block_caution)
+        return decide.best_block(rule, allowed, spec, self.dec.block_precedence)
 
     def _set(self, arm: Arm, reason: str, kind: str, span: str) -> ModeDecision:
         changed = arm != self.arm

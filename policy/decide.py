@@ -84,7 +84,7 @@ def arms(rule: SpanRule, max_block: int, lookup_block: int = 0) -> list[Arm]:
 
 
 def best_block(
-    rule: SpanRule, allowed: Sequence[Arm], est: Mapping[Arm, Throughput], caution: float = 0.0
+    rule: SpanRule, allowed: Sequence[Arm], est: Mapping[Arm, Throughput], precedence: str
 ) -> int:
     """The spec block a decision for spec would settle on among the measured ones, else the one
     with the highest estimate (what a decision for AR records its surplus at, and an opening
@@ -94,33 +94,25 @@ def best_block(
         return max(b for b in rule.block_sizes)
     known = [a for a in spec if est[a].known]
     if known:
-        return settled_block(known, est, rule, caution)[1]
+        return settled_block(known, est, rule, precedence)[1]
     return max(spec, key=lambda a: est[a].tps)[1]
 
 
 def anchor_block(
-    spec: Sequence[Arm], est: Mapping[Arm, Throughput], rule: SpanRule, caution: float
+    spec: Sequence[Arm], est: Mapping[Arm, Throughput], rule: SpanRule, precedence: str
 ) -> Arm:
-    """The block `settled_block` keeps unless another is clearly faster: the largest (with
-    `caution`: the largest measured `min_samples` times, else the best cautious estimate)."""
-    if caution > 0:
+    """The block `settled_block` keeps unless another is clearly faster: the largest, or with
+    `precedence` "measured" the largest measured at least `min_samples` times here where one
+    is (priors and a probe's few cycles do not take precedence over a block measured well)."""
+    if precedence == "measured":
         measured = [a for a in spec if est[a].samples >= rule.min_samples]
         if measured:
             return max(measured, key=lambda a: a[1])
-        return max(spec, key=lambda a: (cautious(est[a], caution, rule.min_samples).tps, a[1]))
     return max(spec, key=lambda a: a[1])
 
 
-def cautious(t: Throughput, caution: float, min_samples: float) -> Throughput:
-    """`t` less `caution` standard errors where it rests on fewer than `min_samples` of its own
-    measurements (a prior, or a probe's few cycles), else `t`."""
-    if caution <= 0 or t.samples >= min_samples or not t.known:
-        return t
-    return Throughput(max(t.tps - caution * t.std, 1e-9), t.std, t.samples, t.prior)
-
-
 def settled_block(
-    known: Sequence[Arm], est: Mapping[Arm, Throughput], rule: SpanRule, caution: float = 0.0
+    known: Sequence[Arm], est: Mapping[Arm, Throughput], rule: SpanRule, precedence: str = "largest"
 ) -> Arm:
     """The largest measured spec block, unless a smaller one is faster by the switch margin with
     confidence; then, among those, the largest within the margin of the fastest. The decided
@@ -128,12 +120,12 @@ def settled_block(
     cannot grow past it. And a smaller block's cycles say nothing of what a larger one would
     commit once they are accepted whole, so near-equal estimates favoured the smaller block for
     good (a reasoning span of one or two cycles settled on 8 and cost a cycle a request against
-    always-spec at 16). With `caution`, the precedence goes to the largest block measured at
-    least `min_samples` times, or where none is, to the best `cautious` estimate: three lucky
-    probe cycles at 16 (357±210 tok/s against 345±20 at 4) settled short answers on 16, where a
-    cycle of 16 costs several AR steps."""
+    always-spec at 16). With `precedence` "measured" (`anchor_block`), a block measured well
+    keeps precedence over a larger one known only from a prior or a probe's few cycles: three
+    lucky probe cycles at 16 (357±210 tok/s against 345±20 at 4) settled short qwen3 answers on
+    16, where a cycle of 16 costs several AR steps."""
     spec = [a for a in known if a[0] == "spec"]
-    largest = anchor_block(spec, est, rule, caution)
+    largest = anchor_block(spec, est, rule, precedence)
     top = est[largest]
     winners = [
         a
@@ -159,14 +151,14 @@ def choose(
     initial_mode: str,
     fresh_block: bool = False,
     caution: float = 0.0,
-    block_caution: float,
+    block_precedence: str,
 ) -> Choice:
     """The arm for `span` among `allowed`, keeping `current` unless another arm is faster by the
     margin with enough confidence (None: a start, the best known arm by `start_rank`). With
     `fresh_block` (a span's first decision), a spec `current` first takes the span's settled
     block size.
     `running` is the arm the request runs now (the reason says "keep" for it); `caution` ranks a
-    start (`start_rank`), `block_caution` the spec blocks (`settled_block`)."""
+    start (`start_rank`); `block_precedence` is `settled_block`'s."""
     if len(allowed) == 1:
         return allowed[0], f"{span}: policy mode {rule.mode}", "forced"
     kind = "start" if current is None else "span"
@@ -181,7 +173,7 @@ def choose(
             return arm, f"{span}: spec not measured yet, initial {arm_name(arm)}", kind
         current = max(known, key=lambda a: start_rank(est[a], caution))
         if current[0] == "spec":
-            current = settled_block(known, est, rule, block_caution)
+            current = settled_block(known, est, rule, block_precedence)
         return current, f"{span}: fastest known {fmt(current, est)}", kind
     assert current is not None
     if fresh_block and current[0] == "spec":
@@ -191,7 +183,7 @@ def choose(
         # carried into the tool call after it (8 where 16 commits twice as much).
         spec_known = [a for a in known if a[0] == "spec"]
         if spec_known:
-            current = settled_block(spec_known, est, rule, block_caution)
+            current = settled_block(spec_known, est, rule, block_precedence)
     cur = est[current]
     if not cur.known:
         return current, f"{span}: keep {arm_name(current)} (not measured here yet)", kind

@@ -38,7 +38,7 @@ def test_arms_follow_the_rule_and_the_drafters_block() -> None:
 def _choose(current: Arm | None, est: dict[Arm, Throughput], **kw: object) -> tuple[Arm, str, str]:
     allowed = arms(RULE, 16)
     full = {a: est.get(a, UNKNOWN) for a in allowed}
-    return choose(RULE, "text", current, allowed, full, running=current or AR, initial_mode="spec", **{"block_caution": 0.0, **kw})  # type: ignore[arg-type]  # fmt: skip
+    return choose(RULE, "text", current, allowed, full, running=current or AR, initial_mode="spec", **{"block_precedence": "largest", **kw})  # type: ignore[arg-type]  # fmt: skip
 
 
 def test_choose_starts_optimistic_then_fastest_known_and_keeps_within_the_margin() -> None:
@@ -53,7 +53,14 @@ def test_choose_starts_optimistic_then_fastest_known_and_keeps_within_the_margin
     # A forced rule has one arm.
     one = SpanRule("ar", (16,), 0.05, 0.8, 3.0)
     assert choose(
-        one, "json", None, [AR], {AR: UNKNOWN}, running=AR, initial_mode="spec", block_caution=0.0
+        one,
+        "json",
+        None,
+        [AR],
+        {AR: UNKNOWN},
+        running=AR,
+        initial_mode="spec",
+        block_precedence="largest",
     ) == (
         AR,
         "json: policy mode ar",
@@ -77,8 +84,8 @@ def test_settled_block_keeps_the_largest_unless_a_smaller_is_clearly_faster() ->
     assert settled_block([S16, S8, S4], est, RULE) == S16  # 8 faster, not with confidence
     est[S8], est[S16] = t(800, 20), t(600, 20)
     assert settled_block([S16, S8, S4], est, RULE) == S8
-    assert best_block(RULE, [S16, S8, S4, AR], est) == 8
-    assert best_block(SpanRule("ar", (16, 8), 0.05, 0.8, 3.0), [AR], {}) == 16
+    assert best_block(RULE, [S16, S8, S4, AR], est, "largest") == 8
+    assert best_block(SpanRule("ar", (16, 8), 0.05, 0.8, 3.0), [AR], {}, "largest") == 16
 
 
 def test_could_win_bounds_spec_by_tau_times_ar() -> None:
