@@ -267,10 +267,20 @@ class Lane:
         )
         return list(self._after(step, judged=False, prepare=False))
 
-    def propose(self) -> Proposal:
-        """This row's proposal for a batched verify, at the block `batch_mode` planned: the
-        session's own (forced tokens, a lookup takeover, or the drafter's block)."""
-        return self.session.propose(self._block)
+    @property
+    def block(self) -> int:
+        """The block `batch_mode` planned for this row's next batched step."""
+        return self._block
+
+    def copied_proposal(self) -> Proposal | None:
+        """This row's proposal for a batched verify where no drafter runs for it (forced
+        tokens, a lookup takeover); None when it drafts (`draft`)."""
+        return self.session.copied_proposal(self._block)
+
+    def draft(self, logits: mx.array | None = None) -> Proposal:
+        """This row's drafted proposal: from `logits` [block - 1, V] of a drafter forward run
+        for several rows, else from its own drafter forward."""
+        return self.session.draft(self._block, logits)
 
     def judge(self, proposal: Proposal, logits: mx.array) -> Judged:
         """Verify `proposal` against this row's verify logits [d+1, V]."""

@@ -312,18 +312,31 @@ class GenerationSession:
         return copied[: self.chooser.admissible(copied)] if copied else copied
 
     def propose(self, block_size: int) -> Proposal:
-        """The cycle's proposal, its evaluation started: tokens a constraint forces (no drafter
-        run), else (with `LookupConfig.spec_takeover`) a lookup continuation that fills the
-        whole block while the drafter is not on a run (`takes_over`), else the drafter's block."""
+        """The cycle's proposal, its evaluation started: `copied_proposal`'s where there is
+        one, else the drafter's block."""
+        proposal = self.copied_proposal(block_size) or self.draft(block_size)
+        mx.async_eval(proposal.tokens)
+        return proposal
+
+    def copied_proposal(self, block_size: int) -> Proposal | None:
+        """A proposal with no drafter run: tokens a constraint forces, else (with
+        `LookupConfig.spec_takeover`) a lookup continuation that fills the whole block while
+        the drafter is not on a run (`takes_over`); None when the drafter must draft."""
         proposal = self.chooser.forced(block_size - 1)
         if proposal is None and self.lookup_config.spec_takeover:
             copied = self._copied(block_size - 1)
             if takes_over(len(copied), block_size - 1, self._drafter_last):
                 proposal = Proposal(mx.array(copied, dtype=mx.int32))
-        if proposal is None:
-            proposal = self._drafted = self.chooser.draft(self.proposer(self, block_size)[0])
-        mx.async_eval(proposal.tokens)
         return proposal
+
+    def draft(self, block_size: int, logits: mx.array | None = None) -> Proposal:
+        """The drafter's block: from `logits` [block_size - 1, V] where the caller ran the
+        drafter already (several sessions in one forward), else from this session's
+        proposer."""
+        if logits is None:
+            logits = self.proposer(self, block_size)[0]
+        self._drafted = self.chooser.draft(logits)
+        return self._drafted
 
     def drain(self) -> None:
         """Undo a queued AR forward (the cache then ends right before the staged token)."""

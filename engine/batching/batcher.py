@@ -25,6 +25,7 @@ import mlx.core as mx
 import structlog
 
 from ..api import EngineEvent, GenerationRequest, Mode, ModeController, TokenEvent
+from ..choosers import Proposal
 from ..host import host_ints
 from ..lane import Lane
 from ..service import DFlashEngine
@@ -32,6 +33,7 @@ from ..targets.base import ForwardResult
 from ..targets.pipeline import PipelineTarget
 from .api import Admission, Outcome, usable_cores
 from .band_rule import BandRule, BatchKind
+from .drafts import dflash_logits, shares_drafter
 from .memory import MemoryBudget, default_budget_bytes, sequence_cost, weights_bytes
 from .rows import BatchRows
 from .verify import rollback_rows
@@ -85,6 +87,30 @@ def _row(staged: int, draft: mx.array, width: int) -> mx.array:
     if width - 1 - int(draft.shape[0]) > 0:
         parts.append(mx.zeros((width - 1 - int(draft.shape[0]),), dtype=mx.int32))
     return mx.concatenate(parts)
+
+
+def _proposals(lanes: Sequence[Lane]) -> list[Proposal]:
+    """Each row's proposal for a batched verify, its evaluation started: forced tokens or a
+    lookup takeover where the row has one, else the drafter's block, rows drafting the same
+    block size in one drafter forward (`drafts.dflash_logits`) where they share a drafter."""
+    proposals: list[Proposal | None] = [lane.copied_proposal() for lane in lanes]
+    drafting: dict[int, list[int]] = {}
+    for i, p in enumerate(proposals):
+        if p is None:
+            drafting.setdefault(lanes[i].block, []).append(i)
+    for block, rows in drafting.items():
+        sessions = [lanes[i].session for i in rows]
+        if len(rows) > 1 and shares_drafter(sessions):
+            logits = dflash_logits(sessions, block)
+            for j, i in enumerate(rows):
+                proposals[i] = lanes[i].draft(logits[j])
+        else:
+            for i in rows:
+                proposals[i] = lanes[i].draft()
+    done = [p for p in proposals if p is not None]
+    assert len(done) == len(lanes)
+    mx.async_eval([p.tokens for p in done])
+    return done
 
 
 @dataclass
@@ -386,7 +412,7 @@ class EngineBatcher:
         lanes = [e.lane for e in entries]
         try:
             t0 = time.perf_counter()
-            proposals = [lane.propose() for lane in lanes]
+            proposals = _proposals(lanes)
             width = 1 + max(int(p.tokens.shape[0]) for p in proposals)
             block = mx.stack(
                 [_row(lane.session.staged, p.tokens, width) for lane, p in zip(lanes, proposals)]
