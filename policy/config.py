@@ -186,8 +186,8 @@ class ExploreSettings(_Strict):
     )
     opening_block: Literal["largest", "best"] = Field(
         default="best",
-        description="the block of an opening cycle: best, the spec block the span's estimates"
-        " rank highest; largest, the drafter's largest (where a cycle of 16 costs several AR"
+        description="the block of an opening cycle: best, the block a spec decision would settle"
+        " on in the span; largest, the drafter's largest (where a cycle of 16 costs several AR"
         " steps, one request's acceptance at 16 lost to AR where the same drafts at 4 won)",
     )
 

@@ -188,8 +188,8 @@ class RequestTrials:
     def opening_candidate(self, rule: SpanRule, span: str, arm: Arm) -> Arm | None:
         """The spec arm to open `span` with (at `opening_block`), where the class chose AR and
         an opening is on and judgeable (AR and the cycle time measured; no grammar-forced runs,
-        which one drafted cycle cannot judge). The backoff is asked apart (`allowed_opening`): a read must not
-        consume its chances."""
+        which one drafted cycle cannot judge). The backoff is asked apart (`allowed_opening`): a
+        read must not consume its chances."""
         if not self.explore.opening_probe or arm != AR or rule.mode != "adaptive":
             return None
         reads = self.host.reads
