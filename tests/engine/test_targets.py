@@ -147,3 +147,40 @@ def test_drafter_with_sliding_layers_stays_lossless() -> None:
             s.step(mode, 8, lambda c: None)  # type: ignore[arg-type]
         outs.append(s.tokens[:52])
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize(
+    "make,adapter_cls", [(qwen3_target, Qwen3Target), (qwen35_target, Qwen35Target)]
+)
+def test_left_padded_batch_rows_match_mlx_lm_with_either_kernel(make, adapter_cls) -> None:  # type: ignore[no-untyped-def]
+    """Batch rows of unequal length (an array mask): small masks take MLX's fused call, large
+    ones toolflash's kernel; both give mlx-lm's own batched logits."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    from toolflash.engine.targets.base import SMALL_ARRAY_MASK
+
+    model = make()
+    adapter = adapter_cls(model)
+    assert adapter.kernel_for(None) is adapter.attention_kernel
+    for length in (8, 800):  # rows x keys below and above SMALL_ARRAY_MASK
+        prompts = [[(7 * i + 3 + r) % 250 for i in range(length - 2 * r)] for r in range(3)]
+        ref_caches, caches = [], []
+        for p in prompts:
+            ref_caches.append(make_prompt_cache(model))
+            model(mx.array([p]), cache=ref_caches[-1])
+            caches.append(adapter.make_cache())
+            adapter.forward(mx.array([p]), caches[-1])
+        merged_ref = [
+            type(c).merge([r[j] for r in ref_caches]) for j, c in enumerate(ref_caches[0])
+        ]
+        merged = [type(c).merge([r[j] for r in caches]) for j, c in enumerate(caches[0])]
+        step = mx.array([[42], [43], [44]])
+        ref = model(step, cache=merged_ref)
+        out = adapter.forward(step, merged).logits
+        assert mx.allclose(out, ref, atol=1e-4).item()
+        mask_size = 3 * (length + 1)
+        attention_layer = next(c for c in merged if isinstance(c, BatchKVCache))
+        mask = attention_layer.make_mask(1, return_array=True)
+        big = mask_size >= SMALL_ARRAY_MASK
+        assert big == (length == 800)
+        assert (adapter.kernel_for(mask) is adapter.attention_kernel) == big
