@@ -27,13 +27,14 @@ from toolflash.engine.session import GenerationSession, dflash_proposal
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="toolflash-tiny-qwen35")
+    p.add_argument("--draft", default=None, help="a drafter folder (default: the model's own)")
     p.add_argument("--rows", default="2,4,8")
     p.add_argument("--block", type=int, default=16)
     p.add_argument("--prompt-tokens", type=int, default=200, help="the first row's; +37 a row")
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
-    engine = build_engine(args.model, mode="spec")
+    engine = build_engine(args.model, args.draft, mode="spec")
     results = []
     for b in (int(r) for r in args.rows.split(",")):
         rows = []

@@ -80,13 +80,14 @@ def batched_ms(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="toolflash-tiny-qwen35")
+    p.add_argument("--draft", default=None, help="a drafter folder (default: the model's own)")
     p.add_argument("--rows", default="2,4,8")
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--mode", choices=("ar", "spec"), default="ar")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     spec = args.mode == "spec"
-    engine = build_engine(args.model, no_draft=not spec, mode=args.mode)
+    engine = build_engine(args.model, args.draft, no_draft=not spec, mode=args.mode)
     row_counts = [int(r) for r in args.rows.split(",")]
     if min(row_counts) < 2:
         raise SystemExit("--rows: batches of 2 or more (one request decodes alone)")

@@ -2,11 +2,14 @@
 benchmark that takes `--model` (and mlx-lm's own loader) can time that shape on a device:
 
     python benchmarks/shape_model.py --shape qwen3-8b --out /tmp/qwen3-8b-shape
+    python benchmarks/shape_model.py --shape qwen3-8b --out M --draft-out M-dflash  # + a drafter
 
 The weights are random (mlx-lm's own initialisation, stored in `--dtype`), so only costs mean
 anything: acceptance, text and end-of-turn do not. The tokenizer and chat template are the
 embedded tiny family's; the folder keeps the real vocabulary size (the lm_head's cost is part
-of the shape), so generated ids beyond the tokenizer decode to nothing. Benchmarks that read
+of the shape), so generated ids beyond the tokenizer decode to nothing. `--draft-out` also writes
+a random DFlash drafter of the published drafts' shape (5 layers, block 16, z-lab format), for
+the batching benchmarks' speculative rows (acceptance is noise: time per step only). Benchmarks that read
 text should stop by length (EOS ignored). The shapes are `cycle_costs.SHAPES`.
 """
 
@@ -20,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-from cycle_costs import SHAPES, build_target, qwen3_config
+from cycle_costs import SHAPES, build_drafter, build_target, qwen3_config
 from mlx.utils import tree_flatten
+
+from toolflash.engine.draft_loading import save_draft
 
 TOKENIZER = Path(__file__).resolve().parent.parent / "toolflash/assets/tiny/qwen3-tiny"
 TOKENIZER_FILES = (
@@ -65,9 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--draft-out", type=Path, default=None, help="also write a random drafter here")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     write(args.shape, args.out, args.dtype)
+    if args.draft_out is not None:
+        drafter = build_drafter(SHAPES[args.shape], 5, 16, DTYPES[args.dtype])
+        save_draft(drafter, args.draft_out)
     size = sum(f.stat().st_size for f in args.out.iterdir()) / 2**30
     print(f"{args.shape} -> {args.out} ({size:.2f} GiB, {time.perf_counter() - t0:.1f} s)")
     return 0

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the device, after scripts/device_install.sh install: the H200 figures of the speed (#25),
 # long-prompt (#28) and batching (#31) issues on a random-weight target of a real shape.
-#   bash scripts/device_bench.sh [shape] [what...]   (what: ar chunks prefill batch step; default all but step)
+#   bash scripts/device_bench.sh [shape] [what...]
+#   (what: ar chunks prefill batch step spec-step drafts; default ar chunks prefill batch)
 # Reports land in $OUT (the device tool brings them back) or ./device_out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,9 @@ shape=${1:-qwen3-8b}; shift || true
 what=${*:-ar chunks prefill batch}
 out=${OUT:-device_out}; mkdir -p "$out"
 model=/root/shape-$shape
-[ -f "$model/config.json" ] || python3 benchmarks/shape_model.py --shape "$shape" --out "$model"
+draft=$model-dflash  # a random drafter of the published drafts' shape (spec rows' timings)
+[ -f "$model/config.json" ] && [ -f "$draft/config.json" ] || python3 benchmarks/shape_model.py \
+  --shape "$shape" --out "$model" --draft-out "$draft"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 for w in $what; do
   case $w in
@@ -33,6 +36,13 @@ for w in $what; do
     step)  # a batched AR step against its forward alone and one request alone
       timeout 240 python3 benchmarks/batch_step.py --model "$model" --rows 2,4,8 --steps 32 \
         --json "$out/h200_batch_step_$shape.json" 2>&1 | grep -v "\[debug\|^ \|^{\|^}" ;;
+    spec-step)  # a batched verify step (each row's draft, one verify) against one request alone
+      timeout 240 python3 benchmarks/batch_step.py --model "$model" --draft "$draft" --mode spec \
+        --rows 2,4,8 --steps 16 --json "$out/h200_batch_step_spec_$shape.json" \
+        2>&1 | grep -v "\[debug\|^ \|^{\|^}" ;;
+    drafts)  # B rows drafting one by one against one drafter forward for all B
+      timeout 240 python3 benchmarks/batch_drafts.py --model "$model" --draft "$draft" \
+        --rows 2,4,8 --json "$out/h200_batch_drafts_$shape.json" 2>&1 | grep -v "\[debug" ;;
     batch)  # one request at a time against batched AR rows
       timeout 300 python3 benchmarks/concurrent_engine.py --model "$model" --rows 4,8 --prompts 16 \
         --max-tokens 128 --modes ar --ignore-eos --repeats 3 \
