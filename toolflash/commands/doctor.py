@@ -34,6 +34,8 @@ PACKAGES = (
     "mlx-lm",
     "starlette",
     "uvicorn",
+    "uvloop",
+    "httptools",
     "tokenizers",
     "transformers",
     "huggingface-hub",
