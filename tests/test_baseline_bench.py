@@ -67,3 +67,20 @@ def test_mlx_lm_run_stops_at_eos_and_keeps_it() -> None:
         pytest.skip("the model did not end within 64 tokens")
     cut = mlx_lm_run(engine.target.model, prompt, 64, engine.eos_ids).tokens
     assert cut == full[: full.index(eos) + 1]
+
+
+def test_policy_rows_take_extra_policy_files(tmp_path: Path) -> None:
+    """`--policy-config`: the policy rows' fresh policies apply the files after the shipped
+    ones, as serve does."""
+    from toolflash.baseline_bench import calibrated_policies
+    from toolflash.policy.config import PolicyConfig
+
+    engine = build_engine()
+    shipped = PolicyConfig().for_model(engine.model_id).data.exploration.probe_share
+    extra = tmp_path / "probe.yaml"
+    extra.write_text(f"exploration:\n  probe_share: {1.0 if shipped != 1.0 else 0.5}\n")
+    fresh = calibrated_policies(engine, False, [str(extra)])
+    policy = fresh()
+    got = policy.config.for_model(engine.model_id).data.exploration.probe_share
+    assert got != shipped and got in (1.0, 0.5)
+    assert fresh() is not policy  # a fresh policy each time, the same files

@@ -294,10 +294,13 @@ def _phases(
     return rows
 
 
-def calibrated_policies(engine: Any, progress: bool = True) -> Callable[[], Any]:
-    """Fresh default policies as a server starts them on its first serve of this pair:
-    calibrated once (`toolflash calibrate`, into a throwaway state directory), each loading
-    the calibrated state and nothing learned since."""
+def calibrated_policies(
+    engine: Any, progress: bool = True, policy_files: Sequence[str] = ()
+) -> Callable[[], Any]:
+    """Fresh default policies (with `policy_files` applied after the shipped ones, as serve's
+    --policy-config) as a server starts them on its first serve of this pair: calibrated once
+    (`toolflash calibrate`, into a throwaway state directory), each loading the calibrated
+    state and nothing learned since."""
     import tempfile
     from pathlib import Path
 
@@ -307,12 +310,11 @@ def calibrated_policies(engine: Any, progress: bool = True) -> Callable[[], Any]
     from toolflash.policy.store import PolicyStore
 
     state = Path(tempfile.mkdtemp(prefix="toolflash-bench-")) / "policy-state.json"
-    ensure_calibrated(
-        engine, AdaptivePolicy(PolicyConfig(), state_file=str(state)), progress=progress
-    )
+    config = PolicyConfig(policy_files)
+    ensure_calibrated(engine, AdaptivePolicy(config, state_file=str(state)), progress=progress)
 
     def fresh() -> Any:
-        policy = AdaptivePolicy(PolicyConfig(), persist=False)
+        policy = AdaptivePolicy(config, persist=False)
         PolicyStore(state).load(engine.model_id, policy.model(engine.model_id).estimates)
         return policy
 

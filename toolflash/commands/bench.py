@@ -71,6 +71,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "policy-cold, policy-warm (default: all)",
     )
     p.add_argument("--plot", default=None, help="with --baseline: write a PNG of the ratios")
+    p.add_argument(
+        "--policy-config",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="with --baseline: extra policy YAML files for the policy rows, applied after the "
+        "shipped ones as serve's --policy-config (repeatable): a policy setting's A/B is two "
+        "runs of one tree",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -133,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_baseline(args: argparse.Namespace, engine: Any, prompts: list[Any]) -> int:
     from toolflash.baseline_bench import (
         VARIANTS,
+        calibrated_policies,
         format_comparison,
         plot_comparison,
         run_comparison,
@@ -149,6 +159,14 @@ def _run_baseline(args: argparse.Namespace, engine: Any, prompts: list[Any]) -> 
             raise SystemExit(
                 f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}"
             )
+    policy_factory = None
+    if args.policy_config:
+        from toolflash.policy.config import PolicyFileError
+
+        try:
+            policy_factory = calibrated_policies(engine, not args.no_progress, args.policy_config)
+        except (PolicyFileError, OSError) as exc:
+            raise SystemExit(f"--policy-config: {exc}") from None
     report = run_comparison(
         engine,
         prompts,
@@ -158,6 +176,7 @@ def _run_baseline(args: argparse.Namespace, engine: Any, prompts: list[Any]) -> 
         variants=variants,
         seed=args.seed,
         progress=not args.no_progress,
+        policy_factory=policy_factory,
     )
     report["command"] = " ".join(["toolflash", *sys.argv[1:]])
     print(format_comparison(report))
