@@ -8,8 +8,9 @@ running sequences go on decoding, and a step collects it once it is done. A deco
 the sequence runs the full policy (spec cycles or AR, as `generate` does); with two or more,
 one batched forward advances them all (`decode_rule`: a batched verify where every row wants
 speculation and the band rule measured it faster, else a batched AR step, whose next forward is
-queued before the rows commit). A batched sequence's caches are rows of `BatchRows`; it gets them back (`extract`) when it runs alone again or finishes (the prefix
-cache publishes from its own caches).
+queued before the rows commit on a GPU). A batched sequence's caches are rows of `BatchRows`;
+it gets them back (`extract`) when it runs alone again or finishes (the prefix cache publishes
+from its own caches).
 """
 
 from __future__ import annotations
@@ -107,8 +108,7 @@ def _proposals(lanes: Sequence[Lane]) -> list[Proposal]:
         else:
             for i in rows:
                 proposals[i] = lanes[i].draft()
-    done = [p for p in proposals if p is not None]
-    assert len(done) == len(lanes)
+    done = cast(list[Proposal], proposals)  # every row has one now
     mx.async_eval([p.tokens for p in done])
     return done
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -73,7 +74,7 @@ class TargetAdapter(Protocol):
 SMALL_ARRAY_MASK = 2048
 
 
-class DecoderStack:
+class DecoderStack(ABC):
     """What the Qwen families share: an mlx-lm text model (`text.model` holds the embedding,
     the layers and the final norm), tied or separate lm_head, and feature capture."""
 
@@ -138,6 +139,7 @@ class DecoderStack:
             tape=tape,
         )
 
+    @abstractmethod
     def run_layers(
         self,
         h: mx.array,
@@ -149,7 +151,6 @@ class DecoderStack:
     ) -> tuple[mx.array, list[mx.array], dict[int, Any]]:
         """Decoder layers `layers` on `h` (`cache[j]` is layer layers[j]'s): the output, the
         outputs of layers in `capture` (in layer order), and what rollback needs (the tape)."""
-        raise NotImplementedError
 
     def finish(self, h: mx.array, last_logits_only: bool) -> mx.array:
         """Logits from the last layer's output."""
