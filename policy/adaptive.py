@@ -68,6 +68,7 @@ class AdaptivePolicy:
             smallest_bucket=est.smallest_bucket,
             clock=self.clock,
             timing_scope=est.timing_scope,
+            lookup_samples=est.lookup_samples,
         )
         store = None
         if self.persist:

@@ -221,7 +221,7 @@ def seed(target: Estimates, measured: Estimates, timing_weight: float, tau_weigh
     doc["tau"] = [row for row in tau if row[1] == POOL]  # the pools are priors already
     doc["prior_tau"] = [row for row in tau if row[1] != POOL]
     # Lookup likewise: the span's pool is a prior when read; a class's own rows would not be.
-    for name in ("lookup_tokens", "lookup_s"):
+    for name in ("lookup_tokens", "lookup_s", "lookup_requests"):
         doc[name] = [row for row in doc.get(name, []) if row[1] == POOL]
     for name, rows in doc.items():
         cap = timing_weight if name in _TIMING_TABLES else tau_weight

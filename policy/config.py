@@ -126,6 +126,28 @@ class EstimateSettings(_Strict):
         " at most 2x the cycle); cycle: draft + verify + rollback",
     )
 
+    settle_steps: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="steps under an arm, after a request's start or a change of arm, whose"
+        " time is not learned as the arm's (a spec cycle's tokens still are): they carry one-off"
+        " costs the arm's later steps do not (the lookup index catching up on the prompt, the"
+        " drafter on tokens it has not seen, a dropped lookahead, the decision's own work), paid"
+        " once per change, so a probe's few steps or a short span read an arm slower than its"
+        " runs (agent workload: a first lookup step 3.6 ms against 2.4, a first spec cycle 6.8"
+        " against 4.6; benchmarks/results/policy_exploration.md)",
+    )
+
+    lookup_samples: Literal["requests", "steps"] = Field(
+        default="requests",
+        description="what counts as one of lookup's own samples in a (class, span), against"
+        " `min_samples`: requests, each request it was measured in (whether an output copies"
+        " its context is the request's property: four steps of one JSON answer that copied"
+        " nothing ruled lookup out of the class for a whole run, where it was the faster arm);"
+        " steps, each lookup step",
+    )
+
     timing_scope: Literal["class", "model"] = Field(
         default="class",
         description="class: a (class, span) decides on its own step and cycle timings once"

@@ -92,6 +92,9 @@ class PolicyController:
         self.max_block = 16  # the drafter's largest block (0: no drafter)
         self.lookup_block = 0  # the engine's lookup block (0: no lookup)
         self.steps = self.tokens = self.dwell = self.switches = 0
+        # Steps run under the current arm since the request's start or the arm's last change
+        # (the first `settle_steps` of them are not timed: `measure.observe_step`).
+        self.under_arm = 0
         # Rechecks back off while they change nothing (`_recheck_done`, `_reset_rechecks`).
         self._interval = self._next_check = self.dec.recheck_every
         self.trials = RequestTrials(
@@ -151,7 +154,9 @@ class PolicyController:
         span = self.spans.kind
         trials = self.trials
         selected = record.mode == "spec" and span == trials.selected
-        self.reads.observe(record, span, seconds, self.arm, selected)
+        settling = self.under_arm < self.policy.estimates.settle_steps
+        self.under_arm += 1
+        self.reads.observe(record, span, seconds, self.arm, selected, settling)
         trials.evidence.add(span, record)
         new_span = self.spans.push(text) if text else span
         self.steps += 1
@@ -320,6 +325,8 @@ class PolicyController:
 
     def _set(self, arm: Arm, reason: str, kind: str, span: str) -> ModeDecision:
         changed = arm != self.arm
+        if changed:
+            self.under_arm = 0
         if changed and kind not in _NOT_SWITCHES:
             self.switches += 1
         if changed or kind in _RECORDED_KINDS:

@@ -33,7 +33,12 @@ committed tokens per second: an AR step that committed a run counts all its toke
 Lookup drafting (engine/lookup.py) is learned whole, per (model, class, span, block): committed
 tokens and seconds per lookup step, hits and misses alike (a miss is an AR step), since how often
 the output copies its context and how long the copies run both depend on what is generated, and a
-step's cost on how much it drafted. Pooled per span kind and over everything like tau.
+step's cost on how much it drafted. Pooled per span kind and over everything like tau. Whether an
+output copies is a property of the request more than of the step (one JSON answer copies a
+table's keys, the next copies nothing), so lookup's own samples count the requests it was measured
+in, not its steps: a few steps of one request that copied nothing measure that request, not the
+class (on the agent workload they ruled lookup out of JSON answers for good, where lookup was the
+faster arm over the class).
 
 Every estimate is an exponentially decayed mean with variance: each new sample multiplies the old
 weight by `sample_decay`, and weight also halves every `half_life_s` seconds of the injected clock,
@@ -149,12 +154,14 @@ class Estimates:
         smallest_bucket: int = 256,
         clock: Clock = time.time,
         timing_scope: str = "class",
+        lookup_samples: str = "requests",
     ) -> None:
         self.sample_decay = 0.5 ** (1.0 / sample_half_life) if sample_half_life > 0 else 1.0
         self.half_life_s = half_life_s
         self.smallest_bucket = smallest_bucket
         self.clock = clock
         self.timing_scope = timing_scope
+        self.lookup_samples = lookup_samples
         self.tau: dict[TauKey, Stat] = {}
         # Tau per class measured on calibration's built-in prompts (`policy/calibration.py`):
         # a prior like the pooled ones (read before them), never an own measurement, since
@@ -186,6 +193,9 @@ class Estimates:
         # Lookup steps: committed tokens and seconds per step (the pools under POOL labels).
         self.lookup_tokens: dict[TauKey, Stat] = {}
         self.lookup_s: dict[TauKey, Stat] = {}
+        # ... and the requests they came from (1 per request and key: its effective weight is
+        # lookup's own samples there).
+        self.lookup_requests: dict[TauKey, Stat] = {}
 
     def bucket(self, context_len: int) -> int:
         return context_bucket(context_len, self.smallest_bucket)
@@ -236,13 +246,13 @@ class Estimates:
         label: str,
         span: str,
         committed: int,
-        seconds: float,
+        seconds: float | None,
         mode: str = "spec",
         block_size: int | None = None,
     ) -> None:
         """One grammar-forced run, a spec cycle of the arm at `block_size` or (`mode` "ar") an
         AR step: `committed` tokens (the forced run and the target's token after it) in
-        `seconds`, without a drafter run."""
+        `seconds`, without a drafter run (None: its share of the tokens only, untimed)."""
         if committed <= 0:
             return
         now = self.clock()
@@ -254,6 +264,8 @@ class Estimates:
             raise ValueError("a spec forced run needs the block size of the arm that ran it")
         else:
             self._add_share(key, float(committed), float(committed), now)
+        if seconds is None:
+            return
         self._add(self.forced_block_s, (*key, block_size), seconds, now, True)
         self._add(self.forced_block_n, (*key, block_size), float(committed), now)
         self._forced_blocks.setdefault(key, set()).add(block_size)
@@ -267,27 +279,40 @@ class Estimates:
         self._add(self.ar_forced_tokens, key, forced, now)
 
     def observe_lookup(
-        self, model: str, label: str, span: str, block_size: int, committed: int, seconds: float
+        self,
+        model: str,
+        label: str,
+        span: str,
+        block_size: int,
+        committed: int,
+        seconds: float | None,
+        first: bool = False,
     ) -> None:
         """One lookup step at `block_size` (a verified continuation, or an AR step where none
-        matched) that committed `committed` tokens in `seconds`."""
+        matched) that committed `committed` tokens in `seconds` (None: tokens only, untimed);
+        `first`: the request's first lookup step in this span and block (it counts a request)."""
         now = self.clock()
         for scope_label, scope_span in ((label, span), (POOL, span), (POOL, POOL)):
             key = (model, scope_label, scope_span, block_size)
+            if first:
+                self._add(self.lookup_requests, key, 1.0, now)
             self._add(self.lookup_tokens, key, float(committed), now)
-            self._add(self.lookup_s, key, seconds, now, True)
+            if seconds is not None:
+                self._add(self.lookup_s, key, seconds, now, True)
 
     def observe_ar(
-        self, model: str, seconds: float, context_len: int, scope: ScopeKey | None = None
+        self, model: str, seconds: float | None, context_len: int, scope: ScopeKey | None = None
     ) -> None:
-        """One target-only step of one token that took `seconds` (an AR step that took a
-        forced run goes to `observe_forced`). `scope` (model, class, span) also counts its
-        token for the AR forced share there."""
+        """One target-only step of one token that took `seconds` (None: untimed; an AR step
+        that took a forced run goes to `observe_forced`). `scope` (model, class, span) also
+        counts its token for the AR forced share there."""
         now = self.clock()
         bucket = self.bucket(context_len)
-        self._add(self.ar_s, (model, bucket), seconds, now, True)
+        if seconds is not None:
+            self._add(self.ar_s, (model, bucket), seconds, now, True)
+            if scope is not None:
+                self._add(self.ar_scope_s, (*scope, bucket), seconds, now, True)
         if scope is not None:
-            self._add(self.ar_scope_s, (*scope, bucket), seconds, now, True)
             self._add_ar_share(scope, 1.0, 0.0, now)
 
     def _add(self, table: dict, key: tuple, x: float, now: float, clip: bool = False) -> None:
@@ -356,7 +381,8 @@ class Estimates:
         self, model: str, label: str, span: str, block_size: int
     ) -> tuple[Throughput, float]:
         """Lookup tokens/s and tokens per step for this class, span and block: its own, else
-        the span's or the model's pool as a prior (0 own samples, so it is still probed)."""
+        the span's or the model's pool as a prior (0 own samples, so it is still probed). Own
+        samples are the requests measured (`lookup_requests`); the spread is the steps'."""
         now = self.clock()
         own = 0.0
         for scope_label, scope_span in ((label, span), (POOL, span), (POOL, POOL)):
@@ -369,6 +395,9 @@ class Estimates:
                 continue
             if scope_label == label:
                 own = n
+                if self.lookup_samples == "requests":
+                    requests = self.lookup_requests.get(key)
+                    own = min(n, requests.effective(now, self.half_life_s) if requests else 0.0)
             else:
                 n = min(n, PRIOR_SAMPLES)
             tokens_se = math.sqrt(max(tokens.var, (_TIME_REL_FLOOR * tokens.mean) ** 2) / n)
@@ -581,6 +610,7 @@ _TABLES: dict[str, tuple[type, ...]] = {
     "ar_forced_tokens": (str, str, str),
     "lookup_tokens": (str, str, str, int),
     "lookup_s": (str, str, str, int),
+    "lookup_requests": (str, str, str, int),
 }
 
 

@@ -41,19 +41,26 @@ def observe_step(
     seconds: float,
     arm: Arm,
     selected: bool = False,
+    settling: bool = False,
+    first_lookup: bool = False,
 ) -> None:
     """One step's measurement into the estimates; `arm` is the one it ran under, `selected`
-    whether this request's own acceptance chose it (then it is no measure of the class)."""
+    whether this request's own acceptance chose it (then it is no measure of the class),
+    `settling` whether it is one of the arm's first `settle_steps`: its tokens are learned, its
+    time is not (it carries one-off costs of the change, not the arm's per-step cost);
+    `first_lookup` whether it is the request's first lookup step in this span and block (the
+    request counts toward lookup's samples there, `Estimates.lookup`)."""
     mode = record.mode
     # A cycle cut short by max_tokens ran a smaller block than decided: not comparable.
     full = mode == "ar" or record.block_size == arm[1]
     if selected:
         seconds = 0.0  # selected by this request's acceptance: not the class's measure
+    timed = None if settling else seconds
     if mode == "lookup" or arm[0] == "lookup":
         # Lookup is measured whole (hits, misses and grammar-forced runs alike), and only
         # under its own arm: a step of another mode under it (a scripted plan) says nothing.
         if seconds > 0 and mode == arm[0] and record.block_size <= arm[1]:
-            est.observe_lookup(model_id, label, span, arm[1], record.committed, seconds)
+            est.observe_lookup(model_id, label, span, arm[1], record.committed, timed, first_lookup)
         return
     if seconds > 0 and record.forced > 0:
         # A grammar-forced run: no drafter, one forward of the fixed stretch (a spec cycle
@@ -66,7 +73,7 @@ def observe_step(
             label,
             span,
             record.committed,
-            seconds,
+            timed,
             mode,
             block_size=arm[1] if mode == "spec" else None,
         )
@@ -107,13 +114,13 @@ def observe_step(
                 span,
                 record.block_size,
                 record.accepted,
-                seconds,
+                timed,
                 record.context_len,
                 rule.block_sizes,
             )
         elif mode == "ar":
             scope = (model_id, label, span)
-            est.observe_ar(model_id, seconds, record.context_len, scope)
+            est.observe_ar(model_id, timed, record.context_len, scope)
 
 
 class ScriptedController:
@@ -171,8 +178,21 @@ class ScriptedController:
 
     def finish(self, stats: GenerationStats) -> None:
         queued, self._queued = self._queued, []
-        for record, span, seconds in queued:
+        settle = self.policy.estimates.settle_steps
+        counted: set[str] = set()
+        for i, (record, span, seconds) in enumerate(queued):
+            first = self.arm[0] == "lookup" and span not in counted
+            counted.add(span)
             observe_step(
-                self.est, self.policy, self.model_id, self.label, record, span, seconds, self.arm
+                self.est,
+                self.policy,
+                self.model_id,
+                self.label,
+                record,
+                span,
+                seconds,
+                self.arm,
+                settling=i < settle,
+                first_lookup=first,
             )
         self.est.flush_pooled()

@@ -35,8 +35,10 @@ class StepReads:
         self._cache_step = -1
         self._prepared: dict[tuple[Arm, str], Read] = {}
         # Steps not yet added to the estimates: (record, span, seconds, the arm it ran under,
-        # selected by this request's own acceptance).
-        self._queue: list[tuple[CycleRecord, str, float, Arm, bool]] = []
+        # selected by this request's own acceptance, settling: among the arm's first steps,
+        # the request's first lookup step in its span and block).
+        self._queue: list[tuple[CycleRecord, str, float, Arm, bool, bool, bool]] = []
+        self._lookup_seen: set[tuple[str, int]] = set()
         # Published at finish (`steps`, `tokens` per (span, mode)), and flushed to the probe
         # backoff's clock before a probe decision (`ticks` per span).
         self.steps: dict[tuple[str, str], int] = {}
@@ -45,11 +47,22 @@ class StepReads:
 
     # -- steps ------------------------------------------------------------------------------
     def observe(
-        self, record: CycleRecord, span: str, seconds: float, arm: Arm, selected: bool
+        self,
+        record: CycleRecord,
+        span: str,
+        seconds: float,
+        arm: Arm,
+        selected: bool,
+        settling: bool = False,
     ) -> None:
         """Count a step and queue its measurement (a step that decides nothing, or only from
-        prepared reads, does no estimate work)."""
-        self._queue.append((record, span, seconds, arm, selected))
+        prepared reads, does no estimate work); `settling`: see `measure.observe_step`."""
+        first = False
+        if arm[0] == "lookup" and (span, arm[1]) not in self._lookup_seen:
+            first = record.mode == "lookup"
+            if first:
+                self._lookup_seen.add((span, arm[1]))
+        self._queue.append((record, span, seconds, arm, selected, settling, first))
         self.ticks[span] = self.ticks.get(span, 0) + 1
         key = (span, record.mode)
         self.steps[key] = self.steps.get(key, 0) + 1
@@ -62,8 +75,10 @@ class StepReads:
         if self._queue:
             queued, self._queue = self._queue, []
             est, policy, model, label = self.est, self.policy, self.model_id, self.label
-            for record, span, seconds, arm, selected in queued:
-                observe_step(est, policy, model, label, record, span, seconds, arm, selected)
+            for record, span, seconds, arm, selected, settling, first in queued:
+                observe_step(
+                    est, policy, model, label, record, span, seconds, arm, selected, settling, first
+                )
         return self.est
 
     def take_ticks(self) -> dict[str, int]:

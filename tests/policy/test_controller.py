@@ -180,23 +180,27 @@ def test_prefix_text_and_wall_timing(tmp_path: Path) -> None:
     ctrl.observe_prefix("<tool_call>")
     ctrl.start(300, 8)
     assert ctrl.spans.kind == "tool_call"
+    # The request's first cycle settles the arm: its tokens are learned, its time is not.
+    ctrl.after_step(spec_record(0, 8, 0, 0.01), [0], "{")
+    ctrl.apply_observations()
+    assert ("m", 8, 512) not in pol.model("m").estimates.cycle_s
     # Wall timing: the time between steps, at most twice the cycle's own time.
-    ctrl.after_step(spec_record(0, 8, 0, 10.0), [0], "{")
+    ctrl.after_step(spec_record(1, 8, 0, 10.0), [0], "{")
     ctrl.apply_observations()
     stat = pol.model("m").estimates.cycle_s[("m", 8, 512)]
     assert 0 < stat.mean < 1.0  # real elapsed time (microseconds), not the record's 10 s
     first = stat.s1
     ctrl._t_last -= 100.0  # a consumer that stalled for 100 s between two events
-    ctrl.after_step(spec_record(1, 8, 0, 0.01), [0], '"name"')
+    ctrl.after_step(spec_record(2, 8, 0, 0.01), [0], '"name"')
     ctrl.apply_observations()
     assert stat.count == 2
     assert stat.s1 <= first + 0.02 + 1e-9  # the 100 s stall was clipped to 2 x 10 ms
     assert "steps" not in pol.counters()  # published when the request finishes
-    ctrl.finish(GenerationStats(300, 0, 2, 0.0, 0.02, ()))
+    ctrl.finish(GenerationStats(300, 0, 3, 0.0, 0.03, ()))
     assert pol.counters()["steps"] == [
         {
             "labels": {"class": TOOLS.label, "mode": "spec", "model": "m", "span": "tool_call"},
-            "value": 2,
+            "value": 3,
         }
     ]
 

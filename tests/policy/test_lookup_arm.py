@@ -50,8 +50,8 @@ def test_arms_per_rule_and_engine() -> None:
 
 def test_lookup_estimates_are_learned_whole_pooled_and_persisted() -> None:
     est = Estimates(clock=FakeClock())
-    for _ in range(10):
-        est.observe_lookup("m", "c", "tool_call", 8, 4, 0.006)
+    for _ in range(10):  # ten requests of two steps
+        est.observe_lookup("m", "c", "tool_call", 8, 4, 0.006, first=True)
         est.observe_lookup("m", "c", "tool_call", 8, 1, 0.004)
     tps, per_step = est.lookup("m", "c", "tool_call", 8)
     # Decayed means: the older samples weigh slightly less.
@@ -63,7 +63,7 @@ def test_lookup_estimates_are_learned_whole_pooled_and_persisted() -> None:
     assert not est.lookup("m", "c", "tool_call", 4)[0].known
     restored = Estimates(clock=FakeClock())
     restored.load_json(est.to_json())
-    assert restored.lookup("m", "c", "tool_call", 8)[0].tps == tps.tps
+    assert restored.lookup("m", "c", "tool_call", 8)[0] == tps
 
 
 def run(tmp_path: Path, block: int, lookup_block: int, extra: str = "") -> list[Trace]:

@@ -16,9 +16,11 @@ from toolflash.policy.request_class import RequestClass
 
 from .fakes import FakeClock
 
-# Probe constantly, one step at a time: every step may change mode or block size.
+# Probe constantly, one step at a time: every step may change mode or block size (and is
+# timed: a one-step probe has no step after its settling one).
 RESTLESS = """
 defaults: {block_sizes: [8, 4, 2], min_samples: 1000000}
+estimates: {settle_steps: 0}
 exploration:
   probe_spec_cycles: 1
   probe_ar_steps: 1
