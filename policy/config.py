@@ -190,6 +190,14 @@ class ExploreSettings(_Strict):
         description="after a losing probe, wait 32, 64, 128... steps of that class/span",
     )
     backoff_max_steps: int = Field(default=8192, ge=1, description="... at most this many")
+    spec_backoff: Literal["drafter", "block"] = Field(
+        default="drafter",
+        description="what a lost spec probe backs off: drafter, every spec block of the class"
+        " and span (one probe's cycles teach every smaller block's tau, and a larger block's is"
+        " floored by it); block, only the block probed (tool calls of agent tool-result turns"
+        " then probed spec16, spec8 and spec4 in turn, two lost probes in one request, where"
+        " lookup ran twice as fast)",
+    )
     explore_p: float = Field(
         default=0.1,
         gt=0.0,

@@ -17,7 +17,7 @@ from .config import EffectivePolicy, SpanRule
 from .decide import AR, Arm, Choice, arm_name
 from .reads import StepReads
 from .request_evidence import RequestEvidence
-from .trial import Backoff, Trial, retry_backoff
+from .trial import Backoff, Trial, probe_target, retry_backoff
 
 
 class TrialHost(Protocol):
@@ -124,7 +124,7 @@ class RequestTrials:
             arm
             for arm in allowed
             if arm != host.arm
-            and self.probes_backoff.allowed(scope, arm)
+            and self.probes_backoff.allowed(scope, probe_target(arm, self.explore.spec_backoff))
             # Tau is unknown here for every block alike; a probe at the largest block measures
             # it for all of them (smaller blocks are credited from its cycles).
             and not (
@@ -173,9 +173,9 @@ class RequestTrials:
         )
         vs = f"{decide.fmt(probe.arm, est)} vs {decide.fmt(probe.base, est)}"
         if won:
-            self.probes_backoff.won(scope, probe.arm)
+            self.probes_backoff.won(scope, probe_target(probe.arm, self.explore.spec_backoff))
             return probe.arm, f"{span}: probe won, {vs}", "probe-won"
-        wait = self.probes_backoff.lost(scope, probe.arm)
+        wait = self.probes_backoff.lost(scope, probe_target(probe.arm, self.explore.spec_backoff))
         p = decide.p_better(est[probe.arm], est[probe.base])
         reason = f"{span}: probe lost, {vs} (p={p:.2f}); next probe in {wait} steps"
         # Back to the base, unless what is known now says another arm beats it outright.

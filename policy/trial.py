@@ -109,6 +109,12 @@ class Backoff:
         self._waits.pop((scope, what), None)
 
 
+def probe_target(arm: Arm, spec_backoff: str) -> Hashable:
+    """What a probe of `arm` waits on after a loss: the arm, or (`spec_backoff` "drafter") for
+    spec at any block, the drafter."""
+    return "spec" if arm[0] == "spec" and spec_backoff == "drafter" else arm
+
+
 def probe_backoff(base_steps: int, max_steps: int) -> Backoff:
     """Process-wide, per (model, class, span) and arm, in steps of that scope."""
     return Backoff(base_steps, max_steps)
