@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import httpcore
 import structlog
 
 from toolflash.engine.api import Engine, GenerationRequest, SamplingParams
@@ -31,7 +30,7 @@ from toolflash.gateway.request import ApiRequest
 from toolflash.gateway.upstream_choice import PoolState, SpeedTable, choose
 from toolflash.gateway.upstream_config import UpstreamPool, UpstreamsFile
 from toolflash.gateway.upstream_engine import UpstreamEngine
-from toolflash.gateway.upstream_net import AsyncioBackend
+from toolflash.gateway.upstream_http import UpstreamClient
 from toolflash.gateway.upstream_pool import pick
 from toolflash.gateway.upstream_stream import PoolRoute, Retry, UpstreamUnavailable
 from toolflash.gateway.upstream_wire import chat_body
@@ -108,7 +107,7 @@ class UpstreamRoute:
         self,
         file: UpstreamsFile,
         pools: tuple[UpstreamPool, ...],
-        client: httpcore.AsyncConnectionPool,
+        client: UpstreamClient,
         speeds: SpeedTable,
     ) -> None:
         self.model = pools[0].model
@@ -218,9 +217,7 @@ class UpstreamPools:
 
     def __init__(self, pools: UpstreamsFile) -> None:
         # One connection pool for all replicas; limits are the pools' capacities.
-        self._client = httpcore.AsyncConnectionPool(
-            max_connections=None, max_keepalive_connections=64, network_backend=AsyncioBackend()
-        )
+        self._client = UpstreamClient(max_idle_per_origin=64)
         self.speeds = SpeedTable()
         self.routes = {
             model: UpstreamRoute(pools, group, self._client, self.speeds)

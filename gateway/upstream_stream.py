@@ -17,13 +17,13 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-import httpcore
 import structlog
 
 from toolflash.engine.api import FinishEvent, GenerationStats, TokenEvent
 from toolflash.gateway.errors import ClientGone, GatewayError
 from toolflash.gateway.upstream_choice import decode_speed
 from toolflash.gateway.upstream_config import UpstreamPool
+from toolflash.gateway.upstream_http import UpstreamClient, UpstreamNetError, UpstreamResponse
 from toolflash.gateway.upstream_pool import Replica, failed, health_url, succeeded
 from toolflash.gateway.upstream_wire import (
     ChunkText,
@@ -37,9 +37,9 @@ from toolflash.gateway.worker import Job, Prepared
 log = structlog.get_logger("toolflash.gateway.upstream")
 
 
-# What a broken or slow connection raises (httpx's client layers cost ~1 ms a request on
-# a loaded 2-core machine: the gateway talks to upstreams through httpcore's pool directly).
-TRANSPORT_ERRORS = (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError)
+# What a broken or slow connection raises (`gateway/upstream_http.py`, the gateway's own
+# client: per token, httpcore's layers cost more than the rest of the relay).
+TRANSPORT_ERRORS = (UpstreamNetError,)
 
 
 class UpstreamUnavailable(GatewayError):
@@ -111,7 +111,7 @@ async def _drain(reads: AsyncIterator[bytes]) -> None:
 class PoolRoute:
     """One pool: its replicas and the requests it streams."""
 
-    def __init__(self, pool: UpstreamPool, client: httpcore.AsyncConnectionPool) -> None:
+    def __init__(self, pool: UpstreamPool, client: UpstreamClient) -> None:
         self.pool = pool
         self.name = pool.pool_name
         self.replicas = [Replica(u) for u in pool.urls]
@@ -120,11 +120,6 @@ class PoolRoute:
         self._headers = [(b"content-type", b"application/json")]
         if key:
             self._headers.append((b"authorization", f"Bearer {key}".encode()))
-        idle, connect = pool.idle_timeout_s, pool.connect_timeout_s
-        # The read timeout is the idle timeout: the longest silence between two reads.
-        self._timeouts = {
-            "timeout": {"connect": connect, "read": idle, "write": idle, "pool": idle}
-        }
 
     def healthy(self) -> bool:
         now = time.monotonic()
@@ -161,13 +156,11 @@ class PoolRoute:
                             self._client.stream(
                                 "POST",
                                 f"{replica.url}/chat/completions",
-                                # A length, not chunks: one write, no Nagle wait on the tail.
-                                headers=[
-                                    *self._headers,
-                                    (b"content-length", str(len(data)).encode()),
-                                ],
+                                headers=self._headers,
                                 content=data,
-                                extensions=self._timeouts,
+                                connect_timeout_s=pool.connect_timeout_s,
+                                # The longest silence between two reads.
+                                read_timeout_s=pool.idle_timeout_s,
                             )
                         )
                         if response.status >= 400:
@@ -214,7 +207,7 @@ class PoolRoute:
             return None
         return decode_speed(finished.completion_tokens, finished.decode_s)
 
-    async def _refused(self, response: httpcore.Response) -> None:
+    async def _refused(self, response: UpstreamResponse) -> None:
         """A refused request: the upstream's 4xx goes to the client, 429 and 5xx retry."""
         raw = await response.aread()
         try:
@@ -236,7 +229,7 @@ class PoolRoute:
     ) -> None:
         """Chunks -> TokenEvents, one per network read with text, pushed as they come (no
         buffering; the reader paces its writes), up to `[DONE]` or the body's end. A silence
-        longer than `idle_timeout_s` is the connection's read timeout (`_timeouts`)."""
+        longer than `idle_timeout_s` is the client's read timeout (`read_timeout_s`)."""
         chunks: list[dict[str, Any]] | None = first
         while chunks is not None:
             piece = ""
@@ -280,13 +273,13 @@ class PoolRoute:
         async def one(replica: Replica) -> None:
             try:
                 t = self.pool.connect_timeout_s
-                response = await self._client.request(
+                status, _ = await self._client.request(
                     "GET",
                     health_url(replica.url, self.pool.health_path),
                     headers=self._headers[1:],
-                    extensions={"timeout": {"connect": t, "read": t, "write": t, "pool": t}},
+                    timeout_s=t,
                 )
-                healthy = response.status == 200
+                healthy = status == 200
             except TRANSPORT_ERRORS:
                 healthy = False
             if healthy != replica.healthy:
