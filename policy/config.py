@@ -204,6 +204,14 @@ class ExploreSettings(_Strict):
         lt=0.5,
         description="probe when P(other arm faster) is at least this but not decisive",
     )
+    prior_veto: Literal["measured", "always"] = Field(
+        default="measured",
+        description="where this class's own calibrated prior gives an arm less than explore_p"
+        " against the current one, no probe: measured, only while the current arm is measured"
+        " `min_samples` times here; always, also against a prior or a young arm (think-on agent"
+        " turns then ran lookup through whole reasoning spans at half spec's speed for a round,"
+        " spec's calibrated prior under lookup's pooled one)",
+    )
     skip_hopeless: bool = Field(
         default=True,
         description="never probe a spec block whose measured tau x AR tok/s cannot win",

@@ -223,16 +223,27 @@ def could_win(bound: Throughput | None, best: Throughput, rule: SpanRule) -> boo
 
 
 def probe_reason(
-    alt: Throughput, cur: Throughput, *, min_samples: float, explore_p: float, min_confidence: float
+    alt: Throughput,
+    cur: Throughput,
+    *,
+    min_samples: float,
+    explore_p: float,
+    min_confidence: float,
+    prior_veto: str = "measured",
 ) -> str | None:
     """Why `alt` deserves a probe against `cur`, or None when the estimates already decide: it
     has fewer than `min_samples` effective samples, or the confidence that it beats `cur` lies
     between `explore_p` and the confidence needed to switch outright. A prior from this class
     and span's own calibration that gives `alt` less than `explore_p` decides too: probing it
-    is the loss the prior predicts (a pool's prior, borrowed from other spans, does not)."""
+    is the loss the prior predicts (a pool's prior, borrowed from other spans, does not); with
+    `prior_veto` "measured", only against a `cur` measured `min_samples` times itself (a prior
+    against another prior, or against an arm one request has run, is no ground to rule it out:
+    on think-on agent turns spec's calibrated prior lost to lookup's pool prior, and reasoning
+    spans ran lookup for a whole round at half spec's speed, never probing it)."""
     p = p_better(alt, cur)
     if alt.samples < min_samples:
-        if alt.prior == "class" and p < explore_p:
+        vetoes = prior_veto == "always" or cur.samples >= min_samples
+        if alt.prior == "class" and p < explore_p and vetoes:
             return None
         return "few-samples"
     if explore_p <= p < min_confidence:
@@ -255,6 +266,7 @@ def pick_probe(
     cur: Throughput,
     rule: SpanRule,
     explore_p: float,
+    prior_veto: str = "measured",
 ) -> tuple[Arm, str] | None:
     """(arm, why) of the candidate most worth a probe against `cur`: few samples first, then the
     least likely to win (the most uncertain), or None when the estimates decide every one."""
@@ -267,6 +279,7 @@ def pick_probe(
             min_samples=rule.min_samples,
             explore_p=explore_p,
             min_confidence=rule.min_confidence,
+            prior_veto=prior_veto,
         )
         if why is None:
             continue

@@ -136,7 +136,9 @@ class RequestTrials:
                 and not decide.could_win(reads.spec_bound(arm[1], span), top, rule)
             )
         ]
-        picked = decide.pick_probe(candidates, est, cur, rule, self.explore.explore_p)
+        picked = decide.pick_probe(
+            candidates, est, cur, rule, self.explore.explore_p, self.explore.prior_veto
+        )
         if picked is None:
             return None
         arm, why = picked

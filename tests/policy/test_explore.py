@@ -48,6 +48,15 @@ def test_a_hopeless_class_prior_is_not_probed_but_a_pooled_one_is() -> None:
     assert probe_reason(Throughput(330.0, 60.0, 0.0, prior="class"), cur, **kw) == "few-samples"
 
 
+def test_a_class_prior_does_not_rule_out_against_a_young_arm() -> None:
+    kw = {"min_samples": 3.0, "explore_p": 0.1, "min_confidence": 0.8}
+    hopeless = Throughput(200.0, 60.0, 0.0, prior="class")
+    # The current arm a prior itself (0 samples), or measured in one request: still probed.
+    for young in (Throughput(350.0, 20.0, 0.0, prior="pool"), Throughput(350.0, 20.0, 1.0)):
+        assert probe_reason(hopeless, young, **kw) == "few-samples"
+        assert probe_reason(hopeless, young, **kw, prior_veto="always") is None
+
+
 def test_spec_priors_say_where_they_come_from() -> None:
     from toolflash.policy.estimates import POOL, Estimates
 
