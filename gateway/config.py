@@ -79,8 +79,8 @@ class GatewayConfig(BaseModel):
         ge=1,
         description="memory for the batch's caches: each running request reserves its prompt"
         " + max_tokens of K/V and its recurrent state, and waits (or gets a 429 if it could"
-        " never fit) past it (MB on the command line; unset: half the machine's memory less"
-        " the weights)",
+        " never fit) past it (MB on the command line; unset: half the GPU's memory, on a CPU"
+        " the machine's, less the weights)",
         json_schema_extra={"flag": "batch-memory-mb", "scale": MB},
     )
     api_key: str | None = Field(

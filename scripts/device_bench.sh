@@ -17,6 +17,7 @@ draft=$model-dflash  # a random drafter of the published drafts' shape (spec row
 [ -f "$model/config.json" ] && [ -f "$draft/config.json" ] || python3 benchmarks/shape_model.py \
   --shape "$shape" --out "$model" --draft-out "$draft"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+(cd /tmp && python3 -c "import mlx.core as mx; print('device_info', mx.device_info())")
 for w in $what; do
   case $w in
     ar)  # AR against plain mlx-lm, same weights and ids, EOS ignored (random weights)

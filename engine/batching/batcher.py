@@ -35,7 +35,13 @@ from ..targets.pipeline import PipelineTarget
 from .api import Admission, Outcome, usable_cores
 from .band_rule import BandRule, BatchKind
 from .drafts import dflash_logits, shares_drafter
-from .memory import MemoryBudget, default_budget_bytes, sequence_cost, weights_bytes
+from .memory import (
+    MemoryBudget,
+    default_budget_bytes,
+    memory_bytes,
+    sequence_cost,
+    weights_bytes,
+)
 from .rows import BatchRows
 from .verify import rollback_rows
 
@@ -162,8 +168,9 @@ class EngineBatcher:
         self._chunk: tuple[_Entry, Future[None]] | None = None
         self.capacity = capacity  # sequences admitted at once (the worker enforces it)
         weights = weights_bytes(engine.target.model)
-        limit = memory_limit if memory_limit is not None else default_budget_bytes(weights)
-        self.budget = MemoryBudget(sequence_cost(engine.target), limit)
+        if memory_limit is None:
+            memory_limit = default_budget_bytes(weights, memory_bytes(dict(mx.device_info())))
+        self.budget = MemoryBudget(sequence_cost(engine.target), memory_limit)
         self.rows = BatchRows(engine.target)
         self.capture = engine.drafter.config.target_layer_ids if engine.drafter else ()
         # The next batched AR forward, queued ahead (`_batched`); undone before the rows change.

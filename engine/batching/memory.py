@@ -72,14 +72,22 @@ def weights_bytes(model: Any) -> int:
     return sum(int(v.nbytes) for _, v in leaves)
 
 
-def default_budget_bytes(weights_bytes: int) -> int:
-    """Half the machine's memory, less the weights: the rest stays for the process, MLX's
-    buffers and the prefix cache."""
+def memory_bytes(device_info: dict[str, Any]) -> int:
+    """The memory sequences share: a GPU's own (`mx.device_info()` reports its size; on Apple
+    silicon the working set Metal recommends), else the machine's RAM."""
+    for key in ("max_recommended_working_set_size", "memory_size"):
+        if int(device_info.get(key, 0) or 0) > 0:
+            return int(device_info[key])
     try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # no sysconf: a modest 8 GiB machine
-        total = 8 << 30
-    return max(total // 2 - weights_bytes, 64 << 20)
+        return 8 << 30
+
+
+def default_budget_bytes(weights_bytes: int, total_bytes: int) -> int:
+    """Half of `total_bytes` (`memory_bytes`), less the weights: the rest stays for the
+    process, MLX's buffers and the prefix cache."""
+    return max(total_bytes // 2 - weights_bytes, 64 << 20)
 
 
 class MemoryBudget:

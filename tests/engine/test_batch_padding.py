@@ -3,10 +3,18 @@ verify rollback cutting off padding every row has in common once it fills a buff
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
-from toolflash.engine.batching.memory import KV_STEP, MemoryBudget, SequenceCost
+from toolflash.engine.batching.memory import (
+    KV_STEP,
+    MemoryBudget,
+    SequenceCost,
+    default_budget_bytes,
+    memory_bytes,
+)
 from toolflash.engine.batching.verify import rollback_rows
 from toolflash.engine.targets.base import ForwardResult
 
@@ -20,6 +28,18 @@ def test_a_batch_costs_each_row_as_much_as_the_longest() -> None:
     both = COST.batch_bytes([short, long])
     assert both == 2 * COST.bytes_for(long + KV_STEP)
     assert both > COST.bytes_for(long) + COST.bytes_for(short)
+
+
+def test_the_budget_counts_the_gpus_memory_where_there_is_one() -> None:
+    # What mx.device_info() reports: a CUDA GPU, Apple silicon, a CPU.
+    h200 = {"device_name": "NVIDIA H200", "memory_size": 150_000_000_000}
+    metal = {"memory_size": 64 << 30, "max_recommended_working_set_size": 48 << 30}
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert memory_bytes(h200) == 150_000_000_000
+    assert memory_bytes(metal) == 48 << 30
+    assert memory_bytes({"architecture": "x86_64", "device_name": "AMD EPYC"}) == ram
+    assert default_budget_bytes(16 << 30, memory_bytes(h200)) == 75_000_000_000 - (16 << 30)
+    assert default_budget_bytes(16 << 30, 8 << 30) == 64 << 20  # never below a floor
 
 
 def test_a_short_request_waits_beside_a_long_one_when_padding_would_not_fit() -> None:
