@@ -152,8 +152,13 @@ def http_run(
 
 
 # uvicorn's loop and HTTP protocol per --http-stack: "auto" takes uvloop and httptools (the
-# dependencies `toolflash serve` runs on), "plain" asyncio's loop and h11 (as before them).
-HTTP_STACKS = {"auto": ("auto", "auto"), "plain": ("asyncio", "h11")}
+# dependencies `toolflash serve` runs on), "plain" asyncio's loop and h11 (as before them),
+# "asyncio_httptools" asyncio's loop with httptools (its socket writes release the GIL).
+HTTP_STACKS = {
+    "auto": ("auto", "auto"),
+    "plain": ("asyncio", "h11"),
+    "asyncio_httptools": ("asyncio", "httptools"),
+}
 
 
 def start_server(
@@ -344,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=tuple(HTTP_STACKS),
         default="auto",
         help="auto: uvicorn's choice (uvloop and httptools when installed, as serve runs);"
-        " plain: asyncio's loop and h11",
+        " plain: asyncio's loop and h11; asyncio_httptools: asyncio's loop and httptools",
     )
     p.add_argument(
         "--switch-interval-ms",
