@@ -73,9 +73,10 @@ def weights_bytes(model: Any) -> int:
 
 
 def memory_bytes(device_info: dict[str, Any]) -> int:
-    """The memory sequences share: a GPU's own (`mx.device_info()` reports its size; on Apple
-    silicon the working set Metal recommends), else the machine's RAM."""
-    for key in ("max_recommended_working_set_size", "memory_size"):
+    """The memory sequences share: a GPU's own (what `mx.device_info()` reports: CUDA's
+    `total_memory`, on Apple silicon the working set Metal recommends), else the machine's
+    RAM (a CPU reports no size)."""
+    for key in ("max_recommended_working_set_size", "total_memory", "memory_size"):
         if int(device_info.get(key, 0) or 0) > 0:
             return int(device_info[key])
     try:

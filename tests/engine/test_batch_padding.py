@@ -32,7 +32,7 @@ def test_a_batch_costs_each_row_as_much_as_the_longest() -> None:
 
 def test_the_budget_counts_the_gpus_memory_where_there_is_one() -> None:
     # What mx.device_info() reports: a CUDA GPU, Apple silicon, a CPU.
-    h200 = {"device_name": "NVIDIA H200", "memory_size": 150_000_000_000}
+    h200 = {"device_name": "NVIDIA H200", "total_memory": 150_000_000_000, "free_memory": 1}
     metal = {"memory_size": 64 << 30, "max_recommended_working_set_size": 48 << 30}
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert memory_bytes(h200) == 150_000_000_000
