@@ -29,13 +29,14 @@ and learn online over the rounds. Requests whose AR decode takes under
 `--short-ms` run `--short-repeats` times a round (a 30 ms request varies by ~20% here); the
 repeats run the policies on a throwaway copy of their state, so they learn from the same mix.
 
-Writes `agent_workload_arms[_no_drafter].json` and `.png` (ratio to mlx-lm per class) to --out.
+Writes `agent_workload_arms[_no_drafter].json.gz` and `.png` (ratio to mlx-lm per class) to --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import gzip
 import json
 import os
 import shutil
@@ -335,10 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     stem = args.name or (
         "agent_workload_arms_no_drafter" if args.no_drafter else "agent_workload_arms"
     )
-    (out / f"{stem}.json").write_text(json.dumps(rep, indent=1))
+    # Compact and gzipped: a run's per-request rows run to megabytes of JSON, and every device
+    # call carries the whole tree (64 MiB at most, with what it carries).
+    with gzip.open(out / f"{stem}.json.gz", "wt", encoding="utf-8") as f:
+        json.dump(rep, f, separators=(",", ":"))
     plot(rep, out / f"{stem}.png")
     print(format_report(rep))
-    print(f"wrote {out / stem}.json and .png")
+    print(f"wrote {out / stem}.json.gz and .png")
     return 0
 
 
