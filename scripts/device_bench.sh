@@ -2,7 +2,8 @@
 # On the device, after scripts/device_install.sh install: the H200 figures of the speed (#25),
 # long-prompt (#28) and batching (#31) issues on a random-weight target of a real shape.
 #   bash scripts/device_bench.sh [shape] [what...]
-#   (what: ar chunks prefill batch step spec-step drafts; default ar chunks prefill batch)
+#   (what: ar chunks prefill batch step spec-step drafts forward matmul;
+#    default ar chunks prefill batch)
 # Reports land in $OUT (the device tool brings them back) or ./device_out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +45,11 @@ for w in $what; do
     drafts)  # B rows drafting one by one against one drafter forward for all B
       timeout 240 python3 benchmarks/batch_drafts.py --model "$model" --draft "$draft" \
         --rows 2,4,8 --json "$out/h200_batch_drafts_$shape.json" 2>&1 | grep -v "\[debug" ;;
+    forward)  # mlx-lm's own batched forward against one row's (what a batched step costs)
+      timeout 240 python3 benchmarks/batch_forward.py --model "$model" \
+        --json "$out/h200_batch_forward_$shape.json" 2>&1 | grep -v "\[debug\|\[warning" ;;
+    matmul)  # one weight's matmul for 1-128 rows, independent and chained
+      timeout 120 python3 benchmarks/skinny_matmul.py 2>&1 ;;
     batch)  # one request at a time against batched AR rows
       timeout 300 python3 benchmarks/concurrent_engine.py --model "$model" --rows 4,8 --prompts 16 \
         --max-tokens 128 --modes ar --ignore-eos --repeats 3 \
