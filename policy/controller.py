@@ -38,12 +38,12 @@ from toolflash.policy.request_class import RequestClass
 from . import decide
 from .config import SpanRule
 from .decide import AR, Arm, Choice
-from .estimates import Surplus
 from .measure import step_seconds
 from .reads import StepReads
 from .record import DecisionRecord, DecisionRecords
 from .request_trials import RequestTrials
 from .spans import SPAN_KINDS, SpanTracker
+from .throughput import Surplus
 
 if TYPE_CHECKING:
     from .adaptive import AdaptivePolicy, ModelState

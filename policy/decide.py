@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 from .config import SpanRule
-from .estimates import UNKNOWN, Throughput, normal_cdf
+from .stat import normal_cdf
+from .throughput import UNKNOWN, Throughput
 
 Arm = tuple[str, int]  # ("ar", 1), ("spec", block_size) or ("lookup", block_size)
 Scope = tuple[str, str, str]  # model, class label, span kind

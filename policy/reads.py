@@ -15,8 +15,9 @@ from toolflash.engine.api import CycleRecord
 
 from .config import EffectivePolicy
 from .decide import Arm
-from .estimates import Estimates, Throughput
+from .estimates import Estimates
 from .measure import observe_step
+from .throughput import Throughput
 
 Read = tuple[Throughput, float]  # throughput, tokens per cycle or step (0 for AR)
 

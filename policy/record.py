@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from toolflash.engine.api import CycleRecord, GenerationStats, ModeController, ModeDecision
 
-from .estimates import Surplus
+from .throughput import Surplus
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 from toolflash.engine.api import GenerationStats
 from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.config import PolicyConfig
-from toolflash.policy.estimates import Throughput
 from toolflash.policy.request_class import RequestClass
+from toolflash.policy.throughput import Throughput
 
 from .fakes import FakeClock, ar_record, spec_record
 from .world import Trace, World, drive

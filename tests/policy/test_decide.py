@@ -17,7 +17,7 @@ from toolflash.policy.decide import (
     pick_probe,
     settled_block,
 )
-from toolflash.policy.estimates import UNKNOWN, Throughput
+from toolflash.policy.throughput import UNKNOWN, Throughput
 
 RULE = SpanRule("adaptive", (16, 8, 4), switch_margin=0.05, min_confidence=0.8, min_samples=3.0)
 S16, S8, S4 = ("spec", 16), ("spec", 8), ("spec", 4)

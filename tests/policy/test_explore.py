@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from toolflash.policy.decide import p_better, probe_reason
-from toolflash.policy.estimates import UNKNOWN, Throughput
+from toolflash.policy.throughput import UNKNOWN, Throughput
 from toolflash.policy.trial import probe_backoff
 
 SCOPE = ("m", "chat.think-off.user.lt1k", "text")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from toolflash.policy.config import SpanRule
 from toolflash.policy.decide import probe_fits, settled_block
-from toolflash.policy.estimates import Throughput
 from toolflash.policy.request_class import RequestClass
+from toolflash.policy.throughput import Throughput
 
 from .fakes import spec_record
 from .test_controller import TOOLS, WORLD, policy
