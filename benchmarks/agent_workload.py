@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import gzip
-import json
 import os
 import shutil
 import sys
@@ -48,7 +46,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agent_workload_data import DATA_DIR, load_sessions
-from agent_workload_report import CONTROL, build_report, format_report, plot
+from agent_workload_report import CONTROL, build_report, format_report, plot, save_report
 from agent_workload_run import (
     BASELINE,
     WorkItem,
@@ -336,10 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     stem = args.name or (
         "agent_workload_arms_no_drafter" if args.no_drafter else "agent_workload_arms"
     )
-    # Compact and gzipped: a run's per-request rows run to megabytes of JSON, and every device
-    # call carries the whole tree (64 MiB at most, with what it carries).
-    with gzip.open(out / f"{stem}.json.gz", "wt", encoding="utf-8") as f:
-        json.dump(rep, f, separators=(",", ":"))
+    save_report(rep, out / f"{stem}.json.gz")
     plot(rep, out / f"{stem}.png")
     print(format_report(rep))
     print(f"wrote {out / stem}.json.gz and .png")

@@ -4,6 +4,8 @@ rate per class, and outputs identical to AR (pure functions over the run rows)."
 
 from __future__ import annotations
 
+import gzip
+import json
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -228,6 +230,22 @@ def build_report(
         "lookup": lookup_stats(rows),
         "rows": list(rows),
     }
+
+
+def save_report(rep: Mapping[str, Any], path: Path) -> None:
+    """Write `rep` as compact gzipped JSON (`path` ends in .json.gz): a run's per-request rows
+    run to megabytes of JSON, and every device call carries the whole tree (64 MiB at most,
+    with what it carries)."""
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump(rep, f, separators=(",", ":"))
+
+
+def load_report(path: Path) -> dict[str, Any]:
+    """A saved report: .json.gz as `save_report` writes it, or a plain .json of older runs."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        report: dict[str, Any] = json.load(f)
+    return report
 
 
 def format_report(rep: Mapping[str, Any]) -> str:

@@ -20,7 +20,7 @@ from agent_workload_data import (  # noqa: E402
     load_sessions,
     turn_bodies,
 )
-from agent_workload_report import format_report, plot  # noqa: E402
+from agent_workload_report import format_report, load_report, plot, save_report  # noqa: E402
 
 from toolflash.gateway.protocol import ChatCompletionRequest  # noqa: E402
 
@@ -173,7 +173,10 @@ def test_report_fields(report: dict[str, Any], tmp_path: Path) -> None:
     assert "noise" in format_report(report)
     plot(report, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
-    json.dumps(report)  # what main writes
+    save_report(report, tmp_path / "r.json.gz")  # what main writes
+    assert load_report(tmp_path / "r.json.gz") == json.loads(json.dumps(report))
+    (tmp_path / "old.json").write_text(json.dumps(report, indent=1))  # earlier runs' files
+    assert load_report(tmp_path / "old.json") == load_report(tmp_path / "r.json.gz")
 
 
 def test_no_drafter_runs_ar_lookup_and_the_policy(report_no_drafter: dict[str, Any]) -> None:
