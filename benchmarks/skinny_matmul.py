@@ -1,6 +1,6 @@
 """How a decode step's matmuls cost with the batch's rows: `x [B, K] @ W.T` for one weight
-of a target's shape, B = 1, 2, 4, 8, 16 (a batched AR step is B rows; a verify is B x block),
-against B = 1. On a GPU one row reads the weight at memory speed (a matrix-vector kernel);
+of a target's shape, for B in `--rows` (a batched AR step is B rows; a verify is B x block),
+against B = 1, independent and chained. On a GPU one row reads the weight at memory speed (a matrix-vector kernel);
 if a few rows cost much more than one, batched decode is bound by the matmul kernel, not by
 toolflash's scheduler.
 
@@ -53,8 +53,12 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--rows", default="1,2,3,4,8,16,32,64,128")
     a = p.parse_args()
+    if a.n < a.k:
+        raise SystemExit("--n at least --k (the chain reads a [K, K] slice of the weight)")
     dtype = getattr(mx, a.dtype)
     w = mx.random.normal((a.n, a.k)).astype(dtype)
+    # The chain's weight: square, scaled so fifty products stay finite in bf16.
+    square = mx.contiguous(w[: a.k, : a.k]) * (a.k**-0.5)
     base = None
     for b in [int(r) for r in a.rows.split(",")]:
         # The layouts a forward hands a linear layer: rows as tokens [B, K], a batch of B
@@ -64,8 +68,7 @@ def main() -> None:
             ms = per_call_ms(x, w)
             base = base or ms
             gbs = w.nbytes / ms / 1e6
-            square = w[:, : a.k] if a.n >= a.k else w
-            dep = chain_ms(x, mx.contiguous(square[: a.k]))
+            dep = chain_ms(x, square)
             print(
                 f"x {str(shape):16s}: {ms:.3f} ms ({gbs:.0f} GB/s of weight), "
                 f"{ms / base:.2f}x one row; chained [K, K]: {dep:.3f} ms"
