@@ -123,6 +123,21 @@ def observe_step(
             est.observe_ar(model_id, timed, record.context_len, scope)
 
 
+class FirstLookups:
+    """Which steps are a request's first lookup step in their span and block (each counts the
+    request toward lookup's samples there, `Estimates.lookup`)."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, int]] = set()
+
+    def first(self, arm: Arm, span: str, mode: str) -> bool:
+        """Whether a step of `mode` run under `arm` in `span` is the first such lookup step."""
+        if arm[0] != "lookup" or mode != "lookup" or (span, arm[1]) in self._seen:
+            return False
+        self._seen.add((span, arm[1]))
+        return True
+
+
 class ScriptedController:
     """A `ModeController` that runs `arm` throughout and measures every step into `est` by
     `observe_step`, with the span tracking and step timing of the adaptive controller. It
@@ -179,10 +194,9 @@ class ScriptedController:
     def finish(self, stats: GenerationStats) -> None:
         queued, self._queued = self._queued, []
         settle = self.policy.estimates.settle_steps
-        counted: set[str] = set()
+        lookups = FirstLookups()
         for i, (record, span, seconds) in enumerate(queued):
-            first = self.arm[0] == "lookup" and span not in counted
-            counted.add(span)
+            first = lookups.first(self.arm, span, record.mode)
             observe_step(
                 self.est,
                 self.policy,

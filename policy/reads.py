@@ -16,7 +16,7 @@ from toolflash.engine.api import CycleRecord
 from .config import EffectivePolicy
 from .decide import Arm
 from .estimates import Estimates
-from .measure import observe_step
+from .measure import FirstLookups, observe_step
 from .throughput import Throughput
 
 Read = tuple[Throughput, float]  # throughput, tokens per cycle or step (0 for AR)
@@ -39,7 +39,7 @@ class StepReads:
         # selected by this request's own acceptance, settling: among the arm's first steps,
         # the request's first lookup step in its span and block).
         self._queue: list[tuple[CycleRecord, str, float, Arm, bool, bool, bool]] = []
-        self._lookup_seen: set[tuple[str, int]] = set()
+        self._lookups = FirstLookups()
         # Published at finish (`steps`, `tokens` per (span, mode)), and flushed to the probe
         # backoff's clock before a probe decision (`ticks` per span).
         self.steps: dict[tuple[str, str], int] = {}
@@ -58,11 +58,7 @@ class StepReads:
     ) -> None:
         """Count a step and queue its measurement (a step that decides nothing, or only from
         prepared reads, does no estimate work); `settling`: see `measure.observe_step`."""
-        first = False
-        if arm[0] == "lookup" and (span, arm[1]) not in self._lookup_seen:
-            first = record.mode == "lookup"
-            if first:
-                self._lookup_seen.add((span, arm[1]))
+        first = self._lookups.first(arm, span, record.mode)
         self._queue.append((record, span, seconds, arm, selected, settling, first))
         self.ticks[span] = self.ticks.get(span, 0) + 1
         key = (span, record.mode)

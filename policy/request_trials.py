@@ -9,7 +9,7 @@ verdict hands the span back to the class.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Protocol
 
 from . import decide
@@ -124,7 +124,7 @@ class RequestTrials:
             arm
             for arm in allowed
             if arm != host.arm
-            and self.probes_backoff.allowed(scope, probe_target(arm, self.explore.spec_backoff))
+            and self.probes_backoff.allowed(scope, self._waits_on(arm))
             # Tau is unknown here for every block alike; a probe at the largest block measures
             # it for all of them (smaller blocks are credited from its cycles).
             and not (
@@ -175,9 +175,9 @@ class RequestTrials:
         )
         vs = f"{decide.fmt(probe.arm, est)} vs {decide.fmt(probe.base, est)}"
         if won:
-            self.probes_backoff.won(scope, probe_target(probe.arm, self.explore.spec_backoff))
+            self.probes_backoff.won(scope, self._waits_on(probe.arm))
             return probe.arm, f"{span}: probe won, {vs}", "probe-won"
-        wait = self.probes_backoff.lost(scope, probe_target(probe.arm, self.explore.spec_backoff))
+        wait = self.probes_backoff.lost(scope, self._waits_on(probe.arm))
         p = decide.p_better(est[probe.arm], est[probe.base])
         reason = f"{span}: probe lost, {vs} (p={p:.2f}); next probe in {wait} steps"
         # Back to the base, unless what is known now says another arm beats it outright.
@@ -187,6 +187,10 @@ class RequestTrials:
         return arm, reason, "probe-lost"
 
     # -- openings ---------------------------------------------------------------------------
+    def _waits_on(self, arm: Arm) -> Hashable:
+        """What a probe of `arm` backs off on (`trial.probe_target`)."""
+        return probe_target(arm, self.explore.spec_backoff)
+
     def opening_candidate(self, rule: SpanRule, span: str, arm: Arm) -> Arm | None:
         """The spec arm to open `span` with (at `opening_block`), where the class chose AR and
         an opening is on and judgeable (AR and the cycle time measured; no grammar-forced runs,
