@@ -222,6 +222,16 @@ class ExploreSettings(_Strict):
         " with one spec cycle and stay spec if this request's own acceptance beats AR (backs off"
         " per class and span)",
     )
+    grow_after: int = Field(
+        default=4,
+        ge=0,
+        description="a grow probe: after this many cycles in a row at a spec block below the"
+        " largest that each accepted the whole block, probe the next larger block (0: never)."
+        " A block accepted whole says only that a larger one would commit at least as much, so"
+        " the estimates alone never send a span back up: qwen35 code dropped to 4 after a few"
+        " poor cycles at 16, then accepted whole blocks of 4 to the end. Judged by this"
+        " request's own tokens per cycle at the larger block against the smaller's",
+    )
     opening_block: Literal["largest", "best"] = Field(
         default="best",
         description="the block of an opening cycle: best, the block a spec decision would settle"

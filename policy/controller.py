@@ -11,7 +11,8 @@ the span tracker over the committed text, and decides the next mode and block si
   rechecks change nothing, up to `recheck_max`);
 - hysteresis: leaving the current arm needs the other to be faster by `switch_margin` with
   confidence `min_confidence`, and (inside a span) `min_dwell` steps in the current arm;
-- trials (`trial.py`): a probe of another arm where an estimate is uncertain; where the class
+- trials (`trial.py`): a probe of another arm where an estimate is uncertain, and of the next
+  larger block where the current one keeps accepting whole blocks (a grow probe); where the class
   says AR, an opening spec cycle at the request's start and at each span it enters, kept when
   this request's own acceptance beats AR (`request_evidence.py`); and, where this request's own
   cycles moved a span to AR (`request_evidence_cycles`, off by default), retry cycles.
@@ -55,12 +56,12 @@ _PREPARED_STEPS = 8
 # Decisions recorded (and dwell reset) even when they keep the arm.
 _RECORDED_KINDS = frozenset(
     ("start", "probe", "probe-won", "probe-lost", "opening", "opening-won", "opening-lost")
-    + ("opening-void", "retry", "retry-won", "retry-lost")
+    + ("opening-void", "retry", "retry-won", "retry-lost", "grow", "grow-won", "grow-lost")
 )
 # Arm changes that are not counted as switches (a start, a trial and its return).
 _NOT_SWITCHES = frozenset(
     ("start", "probe", "probe-lost", "opening", "opening-lost", "opening-void", "retry")
-    + ("retry-lost",)
+    + ("retry-lost", "grow", "grow-lost")
 )
 
 
@@ -157,7 +158,7 @@ class PolicyController:
         settling = self.under_arm < self.policy.estimates.settle_steps
         self.under_arm += 1
         self.reads.observe(record, span, seconds, self.arm, selected, settling)
-        trials.evidence.add(span, record)
+        trials.observe(span, record)
         new_span = self.spans.push(text) if text else span
         self.steps += 1
         self.dwell += 1
@@ -271,6 +272,9 @@ class PolicyController:
         retry = trials.retry(span)
         if retry is not None:
             return self._set(*retry, span)
+        grow = trials.grow(rule, span)
+        if grow is not None:
+            return self._set(*grow, span)
         min_dwell = self.dec.min_dwell
         due = self.steps >= self._next_check or self.dwell == min_dwell
         if due and self.dwell >= min_dwell:
@@ -327,6 +331,7 @@ class PolicyController:
         changed = arm != self.arm
         if changed:
             self.under_arm = 0
+            self.trials.whole = 0
         if changed and kind not in _NOT_SWITCHES:
             self.switches += 1
         if changed or kind in _RECORDED_KINDS:

@@ -11,8 +11,9 @@ and the estimates of its arms (`Throughput` per arm, read by the controller once
   where it cannot);
 - `probe_reason` / `pick_probe`: whether an arm deserves a probe, and which one;
   `probe_fits`: whether a probe of some length fits the request's probe share;
-- `beats`: a probe's verdict from the estimates; `local_verdict`: an opening's or retry's from the
-  request's own tokens per cycle.
+- `beats`: a probe's verdict from the estimates; `local_verdict`: an opening's, retry's or grow
+  probe's from the request's own tokens per cycle;
+- `grow_target`: the larger block to probe where the current one keeps accepting whole blocks.
 Nothing here reads state or has effects: the controller reads, these decide.
 """
 
@@ -288,6 +289,17 @@ def pick_probe(
         if best is None or rank < best:
             best = rank
     return None if best is None else (best[2], best[3])
+
+
+def grow_target(arm: Arm, allowed: Sequence[Arm], whole: int, grow_after: int) -> Arm | None:
+    """The spec block a grow probe tries, or None: the next larger allowed block once `whole`
+    cycles in a row at `arm`'s block accepted the whole block (`grow_after` 0: never). Those
+    cycles are censored: they say only "at least this block", which no estimate of a larger
+    block can learn from, so only a probe of it can."""
+    if arm[0] != "spec" or grow_after <= 0 or whole < grow_after:
+        return None
+    larger = [a for a in allowed if a[0] == "spec" and a[1] > arm[1]]
+    return min(larger, key=lambda a: a[1]) if larger else None
 
 
 def local_verdict(tau: float, cycle_s: float, ar_tps: float, margin: float) -> Verdict:

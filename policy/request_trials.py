@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
+from toolflash.engine.api import CycleRecord
+
 from . import decide
 from .config import EffectivePolicy, SpanRule
 from .decide import AR, Arm, Choice, arm_name
@@ -70,9 +72,28 @@ class RequestTrials:
         self.selected: str | None = None
         self.budget = self.explore.budget_per_request
         self.probes = self.probe_steps = self.openings = 0
+        # Cycles in a row that accepted the whole block the current arm decided (`grow`), and
+        # the tokens each drafted cycle of a grow probe in flight committed.
+        self.whole = 0
+        self._grown: list[int] = []
 
     def _scope(self, span: str) -> tuple[str, str, str]:
         return (self.model_id, self.label, span)
+
+    def observe(self, span: str, record: CycleRecord) -> None:
+        """A step of this request: its own evidence, the run of whole-block cycles at the
+        decided block (a shorter cycle accepted whole, as the engine's draft length grows back
+        to the block, neither counts nor breaks it; any rejection does), and a grow probe's
+        tokens per cycle."""
+        self.evidence.add(span, record)
+        if record.mode != "spec" or record.forced or record.draft_cut or record.drafted <= 0:
+            return
+        if self.current is not None and self.current.kind == "grow":
+            self._grown.append(record.committed)
+        if record.accepted < record.drafted:
+            self.whole = 0
+        elif record.block_size == self.host.arm[1]:
+            self.whole += 1
 
     def step(self, span: str, new_span: str) -> tuple[Choice | None, bool]:
         """Count a step of the trial in flight; at its end, (its verdict, whether the verdict is
@@ -81,7 +102,7 @@ class RequestTrials:
         trial = self.current
         assert trial is not None
         trial.remaining -= 1
-        if trial.kind == "probe":
+        if trial.kind in ("probe", "grow"):
             self.probe_steps += 1
             self.budget -= 1
         if trial.remaining > 0 and new_span == span:
@@ -93,6 +114,8 @@ class RequestTrials:
             return None, False
         if trial.kind == "opening":
             return self._end_opening(span), True
+        if trial.kind == "grow":
+            return self._end_grow(trial, span), True
         return self._end_retry(span), True
 
     def flush_ticks(self) -> None:
@@ -185,6 +208,62 @@ class RequestTrials:
         if arm != probe.base:
             reason = f"{reason}; {why}"
         return arm, reason, "probe-lost"
+
+    # -- grow probes ------------------------------------------------------------------------
+    def grow(self, rule: SpanRule, span: str) -> Choice | None:
+        """A grow probe: the next larger block for a probe's cycles, where the current block
+        accepted `grow_after` whole blocks in a row (`decide.grow_target`), and the backoff and
+        the budget allow."""
+        host, grow_after = self.host, self.explore.grow_after
+        if not 0 < grow_after <= self.whole:  # the per-step path: most steps end here
+            return None
+        target = decide.grow_target(host.arm, host.arms(rule), self.whole, grow_after)
+        if target is None or rule.mode == "ar" or self.budget <= 0:
+            return None
+        self.flush_ticks()
+        if not self.probes_backoff.allowed(self._scope(span), ("grow", target[1])):
+            return None
+        # Not held to the probe share: a grow probe follows whole blocks, and a lost one costs
+        # its cycles' larger verify, not a worse arm's whole steps.
+        length = self._length(target)
+        self.current = Trial("grow", span, target, host.arm, length)
+        self._grown = []
+        self.probes += 1
+        base = arm_name(host.arm)
+        why = f"{span}: {self.whole} whole {base} blocks in a row, probe {arm_name(target)}"
+        return target, f"{why} for {length} cycles", "grow"
+
+    def _end_grow(self, trial: Trial, span: str) -> Choice:
+        """Keep the larger block when its cycles in this request beat whole blocks of the
+        smaller one (each at the class's cycle time at this context), else back to it."""
+        self.flush_ticks()
+        scope, what = self._scope(span), ("grow", trial.arm[1])
+        rule = self.policy.rule(self.label, span)
+        reads = self.host.reads
+        grown_s, base_s = reads.cycle_seconds(trial.arm[1]), reads.cycle_seconds(trial.base[1])
+        grown, base = arm_name(trial.arm), arm_name(trial.base)
+        verdict: decide.Verdict = "unsure"
+        vs = "not judgeable"
+        if self._grown and grown_s is not None and base_s is not None:
+            tau = sum(self._grown) / len(self._grown)
+            base_tps = trial.base[1] / base_s
+            verdict = decide.local_verdict(tau, grown_s, base_tps, rule.switch_margin)
+            vs = f"{grown} {tau / grown_s:.0f} tok/s (tau {tau:.2f}) vs whole {base} blocks"
+            vs += f" {base_tps:.0f} tok/s"
+        won = verdict == "spec"
+        self.count(
+            "probes",
+            model=self.model_id,
+            outcome="won" if won else "lost",
+            arm=arm_name(trial.arm),
+            span=span,
+            **{"class": self.label},
+        )
+        if won:
+            self.probes_backoff.won(scope, what)
+            return trial.arm, f"{span}: grow probe won, {vs}", "grow-won"
+        wait = self.probes_backoff.lost(scope, what)
+        return trial.base, f"{span}: grow probe lost, {vs}; next in {wait} steps", "grow-lost"
 
     # -- openings ---------------------------------------------------------------------------
     def _waits_on(self, arm: Arm) -> Hashable:

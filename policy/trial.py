@@ -1,12 +1,13 @@
 """Trials: run another arm for a while, judge it, and back off after losing.
 
-Three decisions share this shape, and are configurations of one `Trial` and one `Backoff`:
+Four decisions share this shape, and are configurations of one `Trial` and one `Backoff`:
 
 | trial | what runs | judged by | backs off per | counted in |
 |---|---|---|---|---|
 | probe | the other arm (or block) for a few steps, where the estimates are uncertain | the class estimates (`decide.beats`) | model, class, span, arm (process-wide) | steps of that class and span |
 | opening | one spec cycle at a request's start and at each span it enters, where the class says AR | this request's own tokens per cycle (`decide.local_verdict`) | model, class, span (process-wide) | chances to open there |
 | retry | one spec cycle in a span this request moved to AR | this request's own tokens per cycle, the retry included | span (this request) | steps of this request |
+| grow | the next larger spec block for a probe's cycles, where the current block keeps accepting whole blocks | this request's own tokens per cycle at the larger block against the whole smaller block | model, class, span, block (process-wide, the probes' backoff) | steps of that class and span |
 
 A `Backoff` waits nothing for its first `free` losses in a row, then `first`, `2 * first`,
 `4 * first`... up to `most`, on a clock its caller keeps per scope; a win resets it. dflash-mlx
@@ -25,7 +26,7 @@ from typing import Literal
 
 from .decide import Arm
 
-TrialKind = Literal["probe", "opening", "retry"]
+TrialKind = Literal["probe", "opening", "retry", "grow"]
 
 
 @dataclass
