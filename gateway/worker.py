@@ -4,8 +4,8 @@ run, each `Batcher.step` advances every running job, and a job leaves the batch 
 ends (its slot is free at once, also when its client disconnects).
 
 HTTP handlers never touch the engine: they submit a `Job` and read its items in batches: the
-worker appends to the job's buffer and wakes the event loop (`loop.call_soon_threadsafe`) only
-when the reader is waiting, so items pushed while the loop is busy, or while a stream paces its
+worker appends to the job's buffer and wakes the event loop (`gateway/loop_wake.py`) only when
+the reader is waiting, so items pushed while the loop is busy, or while a stream paces its
 writes, cost no wake-up and are read together. The waiting queue is bounded; a full queue raises
 `Overloaded` (429) with a Retry-After estimated from recent job durations.
 """
@@ -27,6 +27,7 @@ import structlog
 from toolflash.engine.api import Engine, EngineEvent, FinishEvent, GenerationRequest, TokenEvent
 from toolflash.engine.batching.api import Batcher, Outcome, batcher_for, default_max_batch
 from toolflash.gateway.errors import ClientGone, NotReady, Overloaded
+from toolflash.gateway.loop_wake import waker_for
 from toolflash.policy.record import RecordedController
 from toolflash.policy.request_class import RequestClass
 
@@ -65,6 +66,7 @@ class Job:
         # When the first token was handed over (the request's TTFT, whenever it is read).
         self.first_token_at: float | None = None
         self._loop = asyncio.get_running_loop()
+        self._waker = waker_for(self._loop)
         self._loop_thread = threading.get_ident()  # an upstream's task pushes from the loop
         # Items cross threads through `_pushed` under `_lock`. `_waiter` is set while the
         # reader waits: for any item, or (`_waits_for_any` False: pacing its batches) only for
@@ -99,9 +101,7 @@ class Job:
             # extra loop iteration cost more than the token's own work).
             _wake(waiter)
             return
-        try:
-            self._loop.call_soon_threadsafe(_wake, waiter)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
+        if not self._waker.wake(waiter):  # the loop is closed: nobody is listening any more
             self.cancel.set()
 
     async def _take(self, not_before: float = 0.0) -> list[tuple[str, Any]]:
