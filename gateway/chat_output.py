@@ -115,7 +115,8 @@ class ChatOutput:
         self.reports: list[ToolCallReport] = []
         self.rejected: list[dict[str, Any]] = []
         self.stop_requested = False
-        # The text fed so far and whether any of it reached a delta: a generation cut before
+        # The text fed while none of it reached a delta yet (kept only until some did, so a
+        # long stream does not copy its whole text at every token): a generation cut before
         # anything showed (an empty `<think>` opening, a forced call's first tokens) still
         # returns what it has.
         self._raw = ""
@@ -146,7 +147,8 @@ class ChatOutput:
     def feed(self, text: str) -> list[Delta]:
         if self.stop_requested or not text:
             return []
-        self._raw += text
+        if not self._shown:
+            self._raw += text
         return self._seen(self._route(self._reasoning.feed(text), final=False))
 
     def close(self) -> list[Delta]:
