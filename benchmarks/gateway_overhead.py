@@ -8,7 +8,10 @@ concurrent clients (1/4/16) for throughput and queueing.
         --clients 0 --mode ar                                 # issue #25's streaming figure
 
 `--ignore-eos` bans the end-of-turn tokens with `logit_bias` (in the direct runs too), so every
-run decodes exactly `--max-tokens` tokens (the tiny pair otherwise stops after 10-40).
+run decodes exactly `--max-tokens` tokens (the tiny pair otherwise stops after 10-40); a logit
+bias makes AR choose each token on the host, one step after another. `--ignore-eos flag` sends
+the request's `ignore_eos` field instead (the engine's `GenerationRequest.ignore_eos` in the
+direct runs): greedy AR then runs its default path, the next step queued before a token is read.
 `overhead_pct` is what HTTP adds to a generation, relative to the engine alone (the median over
 runs of (HTTP - direct) / direct; `best_overhead_pct`: the fastest HTTP run against the fastest
 direct one, which other load on a shared machine moves less); `stream_vs_plain_ms_per_token` is
@@ -78,7 +81,12 @@ def messages(prompt: str) -> list[dict[str, str]]:
 
 
 def direct_run(
-    engine: Engine, prompt: str, max_tokens: int, mode: Mode, banned: tuple[int, ...] = ()
+    engine: Engine,
+    prompt: str,
+    max_tokens: int,
+    mode: Mode,
+    banned: tuple[int, ...] = (),
+    ignore_eos: bool = False,
 ) -> Run:
     """One generation through the engine API (what the gateway does, minus HTTP)."""
     t0 = time.perf_counter()
@@ -88,6 +96,7 @@ def direct_run(
         max_tokens=max_tokens,
         mode=mode,
         sampling=SamplingParams(logit_bias=dict.fromkeys(banned, -100.0)),
+        ignore_eos=ignore_eos,
     )
     ttft = None
     n = 0
@@ -106,6 +115,7 @@ def http_run(
     max_tokens: int,
     stream: bool,
     banned: tuple[int, ...] = (),
+    ignore_eos: bool = False,
 ) -> Run:
     body: dict[str, Any] = {
         "messages": messages(prompt),
@@ -115,6 +125,8 @@ def http_run(
     }
     if banned:
         body["logit_bias"] = {str(t): -100 for t in banned}
+    if ignore_eos:
+        body["ignore_eos"] = True
     t0 = time.perf_counter()
     if not stream:
         r = client.post(f"{url}/v1/chat/completions", json=body)
@@ -287,12 +299,17 @@ def concurrency(
 
 
 def http_once(
-    url: str, prompt: str, max_tokens: int, stream: bool, banned: tuple[int, ...] = ()
+    url: str,
+    prompt: str,
+    max_tokens: int,
+    stream: bool,
+    banned: tuple[int, ...] = (),
+    ignore_eos: bool = False,
 ) -> Run:
     """One HTTP generation from a fresh client (runs in the client process)."""
     with httpx.Client(timeout=600) as c:
         c0 = time.process_time()
-        run = http_run(c, url, prompt, max_tokens, stream, banned)
+        run = http_run(c, url, prompt, max_tokens, stream, banned, ignore_eos)
         run.client_cpu_s = time.process_time() - c0
         return run
 
@@ -333,8 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="runs of each prompt per variant")
     p.add_argument(
         "--ignore-eos",
-        action="store_true",
-        help="ban the end-of-turn tokens (logit_bias -100) so each run decodes --max-tokens",
+        nargs="?",
+        const="bias",
+        choices=("bias", "flag"),
+        default=None,
+        help="decode --max-tokens every run: bias (alone too) bans the end-of-turn tokens with"
+        " logit_bias -100; flag sends the request's ignore_eos field",
     )
     p.add_argument("--clients", default="1,4,16", help="concurrent clients per run; 0: none")
     p.add_argument(
@@ -397,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
             banned: tuple[int, ...] = ()
-            if args.ignore_eos:
+            flag = args.ignore_eos == "flag"
+            if args.ignore_eos == "bias":
                 banned = worker.call(lambda e: tuple(sorted(getattr(e, "eos_ids", ())))).result()
             worker.call(lambda e: direct_run(e, prompts[0], 4, args.mode)).result()  # warm-up
             pool.submit(http_once, url, prompts[0], 4, False).result()
@@ -408,13 +430,21 @@ def main(argv: list[str] | None = None) -> int:
                     max_tokens=args.max_tokens,
                     mode=args.mode,
                     banned=banned,
+                    ignore_eos=flag,
                 )
                 direct.append(measured(partial(worker.call, job), thread))
                 for stream, runs in ((False, plain), (True, streamed)):
                     runs.append(
                         measured(
                             partial(
-                                pool.submit, http_once, url, prompt, args.max_tokens, stream, banned
+                                pool.submit,
+                                http_once,
+                                url,
+                                prompt,
+                                args.max_tokens,
+                                stream,
+                                banned,
+                                flag,
                             ),
                             thread,
                         )

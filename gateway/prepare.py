@@ -136,6 +136,7 @@ def preparer(
             mode=config.mode,
             block_size=config.block_size,
             stop_strings=req.stop,
+            ignore_eos=req.ignore_eos,
             sampling=sampling.params,
             logprobs=req.logprobs,
             request_id=request_id,

@@ -214,6 +214,8 @@ class ChatCompletionRequest(OpenAIBaseModel):
     min_p: float | None = Field(default=None, ge=0, le=1)
     # Opt-in positional sparse prefill: compute about this share of a long prompt (1: dense).
     sparse_prefill: float | None = Field(default=None, gt=0, le=1)
+    # vLLM's: generate through the model's end-of-turn tokens (fixed-length benchmarks).
+    ignore_eos: bool | None = None
     # --8<-- [end:chat-extras]
 
     _logit_bias = field_validator("logit_bias")(check_logit_bias)
@@ -258,6 +260,7 @@ class CompletionRequest(OpenAIBaseModel):
     top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1)
     min_p: float | None = Field(default=None, ge=0, le=1)
     sparse_prefill: float | None = Field(default=None, gt=0, le=1)
+    ignore_eos: bool | None = None
     # --8<-- [end:completion-extras]
 
     _logit_bias = field_validator("logit_bias")(check_logit_bias)

@@ -122,6 +122,9 @@ class ApiRequest:
     # Opt-in sparse prefill's keep ratio for this request (None: the class's or server's;
     # 1.0: dense).
     sparse_prefill: float | None = None
+    # Generate through the model's end-of-turn tokens (vLLM's `ignore_eos`; stop strings and
+    # max_tokens still end it).
+    ignore_eos: bool = False
 
     @property
     def conversation(self) -> Conversation | None:

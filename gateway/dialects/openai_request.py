@@ -159,6 +159,7 @@ def chat_request(req: ChatCompletionRequest) -> ApiRequest:
         stop=stop_strings(req.stop),
         logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         sparse_prefill=req.sparse_prefill,
+        ignore_eos=req.ignore_eos is True,
     )
 
 
@@ -175,4 +176,5 @@ def completion_request(req: CompletionRequest) -> ApiRequest:
         stop=stop_strings(req.stop),
         logprobs=req.logprobs,
         sparse_prefill=req.sparse_prefill,
+        ignore_eos=req.ignore_eos is True,
     )
