@@ -2,9 +2,11 @@
 # On the device, after scripts/device_install.sh install: the H200 figures of the speed (#25),
 # long-prompt (#28) and batching (#31) issues on a random-weight target of a real shape.
 #   bash scripts/device_bench.sh [shape] [what...]
-#   (what: ar chunks prefill batch step spec-step drafts forward matmul;
+#   (what: ar chunks prefill batch step spec-step drafts forward matmul kernel;
 #    default ar chunks prefill batch)
 # Reports land in $OUT (the device tool brings them back) or ./device_out.
+# TOOLFLASH_SKINNY_MATMUL=0 runs the targets' linear layers on MLX's matmul alone (reports
+# named *_skinny0): the A/B of kernels/skinny_matmul.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -13,6 +15,7 @@ export PYTHONUNBUFFERED=1
 shape=${1:-qwen3-8b}; shift || true
 what=${*:-ar chunks prefill batch}
 out=${OUT:-device_out}; mkdir -p "$out"
+ab=${TOOLFLASH_SKINNY_MATMUL:+_skinny$TOOLFLASH_SKINNY_MATMUL}
 model=/root/shape-$shape
 draft=$model-dflash  # a random drafter of the published drafts' shape (spec rows' timings)
 [ -f "$model/config.json" ] && [ -f "$draft/config.json" ] || python3 benchmarks/shape_model.py \
@@ -37,22 +40,26 @@ for w in $what; do
         2>&1 | grep -v "\[debug" ;;
     step)  # a batched AR step against its forward alone and one request alone
       timeout 240 python3 benchmarks/batch_step.py --model "$model" --rows 2,4,8 --steps 32 \
-        --json "$out/h200_batch_step_$shape.json" 2>&1 | grep -v "\[debug\|^ \|^{\|^}" ;;
+        --json "$out/h200_batch_step_$shape$ab.json" 2>&1 | grep -v "\[debug\|^ \|^{\|^}" ;;
     spec-step)  # a batched verify step (each row's draft, one verify) against one request alone
       timeout 240 python3 benchmarks/batch_step.py --model "$model" --draft "$draft" --mode spec \
-        --rows 2,4,8 --steps 16 --json "$out/h200_batch_step_spec_$shape.json" \
+        --rows 2,4,8 --steps 16 --json "$out/h200_batch_step_spec_$shape$ab.json" \
         2>&1 | grep -v "\[debug\|^ \|^{\|^}" ;;
     drafts)  # B rows drafting one by one against one drafter forward for all B
       timeout 240 python3 benchmarks/batch_drafts.py --model "$model" --draft "$draft" \
         --rows 2,4,8 --json "$out/h200_batch_drafts_$shape.json" 2>&1 | grep -v "\[debug" ;;
     forward)  # mlx-lm's own batched forward against one row's (what a batched step costs)
       timeout 240 python3 benchmarks/batch_forward.py --model "$model" \
-        --json "$out/h200_batch_forward_$shape.json" 2>&1 | grep -v "\[debug\|\[warning" ;;
+        --json "$out/h200_batch_forward_$shape$ab.json" 2>&1 | grep -v "\[debug\|\[warning" ;;
     matmul)  # one weight's matmul for 1-128 rows, independent and chained
       timeout 120 python3 benchmarks/skinny_matmul.py 2>&1 ;;
+    kernel)  # skinny_matmul against MLX's matmul per Qwen3-8B weight shape; its tests
+      (cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib \
+        --rootdir=/tmp "$repo/tests/kernels/test_skinny_matmul.py" 2>&1 | tail -5)
+      timeout 240 python3 benchmarks/skinny_matmul.py --kernel --json "$out/h200_skinny_matmul.json" 2>&1 ;;
     batch)  # one request at a time against batched AR rows
       timeout 300 python3 benchmarks/concurrent_engine.py --model "$model" --rows 4,8 --prompts 16 \
         --max-tokens 128 --modes ar --ignore-eos --repeats 3 \
-        --json "$out/h200_concurrent_$shape.json" 2>&1 | grep -v "\[debug\|^ \|^{\|^}" ;;
+        --json "$out/h200_concurrent_$shape$ab.json" 2>&1 | grep -v "\[debug\|^ \|^{\|^}" ;;
   esac
 done
