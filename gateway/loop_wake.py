@@ -45,7 +45,8 @@ class LoopWaker:
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
-        weakref.finalize(self, _close, self._read_fd, self._write_fd)
+        # Closed with the waker (its loop is gone), not at exit under a loop still running.
+        weakref.finalize(self, _close, self._read_fd, self._write_fd).atexit = False
         self._lock = threading.Lock()
         # Waiters to wake; non-empty means a byte is in the pipe or about to be written.
         self._due: list[asyncio.Future[None]] = []

@@ -5,6 +5,8 @@ yet, and a job's events read in order, once each, through it."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import random
 import threading
 import time
@@ -155,3 +157,21 @@ def test_a_jobs_events_arrive_in_order_once_each(new_loop: Any) -> None:
         return read
 
     assert _run(new_loop, main) == [*tokens, finish]
+
+
+@LOOPS
+def test_a_loops_pipe_is_closed_with_it(new_loop: Any) -> None:
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+
+    if not fds():
+        pytest.skip("no /proc/self/fd to count open files")
+    gc.collect()
+    before = fds()
+    for _ in range(20):
+        loop = new_loop()
+        waker_for(loop)
+        loop.close()
+        del loop
+    gc.collect()
+    assert fds() <= before + 2  # not two pipe ends per loop
