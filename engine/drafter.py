@@ -21,7 +21,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
 
-from toolflash.kernels.attention import attention, fast_attention_enabled
+from toolflash.kernels.attention import (
+    SHORT_QUERIES,
+    attention,
+    composed_attention,
+    composed_attention_enabled,
+    fast_attention_enabled,
+)
 from toolflash.kernels.training_math import training_math
 
 
@@ -255,6 +261,8 @@ class DraftAttention(nn.Module):
             out = training_math().attention(q, k, v, self.scale, mask)
         elif mask is None and fast_attention_enabled():
             out = attention(q, k, v, self.scale)  # inference on the CPU: the fast softmax
+        elif 1 < s <= SHORT_QUERIES and composed_attention_enabled():
+            out = composed_attention(q, k, v, self.scale, mask)  # CUDA: no per-shape graph
         else:
             out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, s, -1))

@@ -10,7 +10,6 @@ import mlx.core as mx
 import structlog
 
 from toolflash.cache.prefix_cache import CacheConfig, PrefixCache
-from toolflash.kernels.skinny_matmul import skinny_matmul_enabled
 
 from .api import DEFAULT_DRAFT_LENGTH, DraftLength, EngineError
 from .draft_context import DraftWindow
@@ -23,7 +22,6 @@ from .session import PREFILL_CHUNK
 from .targets.base import TargetAdapter
 from .targets.qwen3 import Qwen3Target
 from .targets.qwen3_5 import Qwen35Target
-from .targets.skinny_linear import use_skinny_linears
 
 # Prompt tokens per prefill forward on a GPU, where larger forwards keep the device busy
 # between host syncs (benchmarks/prefill_chunks.py); CPUs keep the session's own default.
@@ -83,8 +81,6 @@ def load_target(
         dtype = mx.float32  # only float32 reaches BLAS on CPU
     if dtype is not None:
         model.set_dtype(dtype)
-    if skinny_matmul_enabled():
-        log.info("skinny_linears", swapped=use_skinny_linears(model))
     if not lazy:
         mx.eval(model.parameters())
     config = json.loads((path / "config.json").read_text())

@@ -91,7 +91,10 @@ def exp_shifted(s: mx.array, m: mx.array) -> mx.array:
     return p
 
 
-def _softmax(scores: mx.array, exp: Callable[[mx.array], mx.array]) -> mx.array:
+def _softmax(scores: mx.array, exp: Callable[[mx.array], mx.array] | None) -> mx.array:
+    """The row softmax with `exp`; None: MLX's own, computed in float32 (`precise`)."""
+    if exp is None:
+        return mx.softmax(scores, axis=-1, precise=True)
     shifted = scores - mx.max(scores, axis=-1, keepdims=True)
     e = exp(shifted)
     return e / mx.sum(e, axis=-1, keepdims=True)
@@ -132,10 +135,10 @@ def _attention(
     v: mx.array,
     scale: float,
     mask: Any,
-    exp: Callable[[mx.array], mx.array],
+    exp: Callable[[mx.array], mx.array] | None,
 ) -> mx.array:
-    """The plain computation (full mask, softmax, then P @ V): the reference, and the
-    previous fast path that the benchmark compares against."""
+    """The plain computation (full mask, softmax, then P @ V): the reference, the previous
+    fast path that the benchmark compares against, and `composed_attention` (exp None)."""
     b, n_heads, n_q, dim = q.shape
     n_kv = int(k.shape[1])
     rep = n_heads // n_kv
@@ -294,6 +297,31 @@ def reference_attention(
 ) -> mx.array:
     """`attention` with `mx.exp`: the pure-MLX reference the fast path is tested against."""
     return _attention(q, k, v, scale, mask, mx.exp)
+
+
+def composed_attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any = None
+) -> mx.array:
+    """Attention composed of MLX ops (scores, MLX's precise softmax, P @ V), as MLX computes
+    it where no fused kernel applies: no kernel specialised to the call's shapes."""
+    return _attention(q, k, v, scale, mask, None)
+
+
+# The most queries a forward attends with through `composed_attention` on CUDA: verify and
+# draft blocks (at most a block per row); prefill chunks are longer.
+SHORT_QUERIES = 64
+
+
+def composed_attention_enabled() -> bool:
+    """Whether forwards of 2..SHORT_QUERIES queries use `composed_attention`: on MLX's CUDA
+    backend, unless TOOLFLASH_COMPOSED_ATTENTION=0. There MLX's fused call for more than one
+    query runs cuDNN, which builds an execution graph for every exact shape it meets (cached
+    per shape; tens of ms to build), and each decode cycle attends over a key length it has
+    not met: a spec cycle cost 5x more (benchmarks/results/README.md, "cuDNN graphs").
+    Prefill chunks keep cuDNN's flash attention, which is 2.4x faster there."""
+    if os.environ.get("TOOLFLASH_COMPOSED_ATTENTION", "1") == "0":
+        return False
+    return bool(mx.default_device() == mx.gpu and mx.cuda.is_available())
 
 
 def fast_attention_enabled() -> bool:

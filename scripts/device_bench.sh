@@ -2,11 +2,11 @@
 # On the device, after scripts/device_install.sh install: the H200 figures of the speed (#25),
 # long-prompt (#28) and batching (#31) issues on a random-weight target of a real shape.
 #   bash scripts/device_bench.sh [shape] [what...]
-#   (what: ar chunks prefill batch step spec-step drafts forward matmul kernel;
+#   (what: ar spec chunks prefill batch step spec-step drafts forward matmul;
 #    default ar chunks prefill batch)
 # Reports land in $OUT (the device tool brings them back) or ./device_out.
-# TOOLFLASH_SKINNY_MATMUL=0 runs the targets' linear layers on MLX's matmul alone (reports
-# named *_skinny0): the A/B of kernels/skinny_matmul.py.
+# TOOLFLASH_COMPOSED_ATTENTION=0 gives verify and draft blocks MLX's fused attention (cuDNN,
+# a graph per shape) instead of composed attention (reports named *_composed0): its A/B.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED=1
 shape=${1:-qwen3-8b}; shift || true
 what=${*:-ar chunks prefill batch}
 out=${OUT:-device_out}; mkdir -p "$out"
-ab=${TOOLFLASH_SKINNY_MATMUL:+_skinny$TOOLFLASH_SKINNY_MATMUL}
+ab=${TOOLFLASH_COMPOSED_ATTENTION:+_composed$TOOLFLASH_COMPOSED_ATTENTION}
 model=/root/shape-$shape
 draft=$model-dflash  # a random drafter of the published drafts' shape (spec rows' timings)
 [ -f "$model/config.json" ] && [ -f "$draft/config.json" ] || python3 benchmarks/shape_model.py \
@@ -29,6 +29,11 @@ for w in $what; do
       (cd /tmp && timeout 240 python3 -m toolflash.cli bench --baseline mlx-lm --model "$model" --variants ar \
         --stop length --per-kind 2 --repeats 3 --max-tokens 128 --no-progress \
         --json "$out/h200_baseline_ar_$shape.json") 2>&1 | grep -v "\[debug" ;;
+    spec)  # AR and fixed-block spec against mlx-lm, with the spec cycle's phase split
+      (cd /tmp && timeout 300 python3 -m toolflash.cli bench --baseline mlx-lm --model "$model" \
+        --draft "$draft" --variants ar,spec-fixed --stop length --per-kind 2 --repeats 2 \
+        --max-tokens 64 --no-progress --json "$out/h200_baseline_spec_$shape$ab.json") 2>&1 \
+        | grep -v "\[debug" ;;
     prefill|prefill-*)  # dense (and sparse) prefill against mlx-lm; prefill-N: engine chunk N
       chunk=${w#prefill}; chunk=${chunk#-}
       timeout 300 python3 benchmarks/ttft_long_prompts.py --model "$model" --lengths 4096,16384 \
@@ -53,10 +58,6 @@ for w in $what; do
         --json "$out/h200_batch_forward_$shape$ab.json" 2>&1 | grep -v "\[debug\|\[warning" ;;
     matmul)  # one weight's matmul for 1-128 rows, independent and chained
       timeout 120 python3 benchmarks/skinny_matmul.py 2>&1 ;;
-    kernel)  # skinny_matmul against MLX's matmul per Qwen3-8B weight shape; its tests
-      (cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib \
-        --rootdir=/tmp "$repo/tests/kernels/test_skinny_matmul.py" 2>&1 | tail -5)
-      timeout 240 python3 benchmarks/skinny_matmul.py --kernel --json "$out/h200_skinny_matmul.json" 2>&1 ;;
     batch)  # one request at a time against batched AR rows
       timeout 300 python3 benchmarks/concurrent_engine.py --model "$model" --rows 4,8 --prompts 16 \
         --max-tokens 128 --modes ar --ignore-eos --repeats 3 \

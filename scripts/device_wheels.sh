@@ -16,8 +16,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     mlx==0.32.4 mlx-cuda-13==0.32.4 mlx-lm==0.32.2 \
     pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2 \
     llguidance==1.9.1 structlog==26.1.0 starlette==1.10.0 uvicorn==0.55.0 \
-    jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==0.30.0 \
-    pytest==9.0.3 pluggy==1.6.0 iniconfig==2.3.0 packaging==26.2 pygments==2.19.2
+    jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==0.30.0
 # Room per call: 64 MiB less the tree that always travels, less a margin.
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 room=$(( (64 * 1024 * 1024 - tree) * 9 / 10 ))

@@ -9,7 +9,14 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
-from toolflash.kernels.attention import Attention, attention, fast_attention_enabled
+from toolflash.kernels.attention import (
+    SHORT_QUERIES,
+    Attention,
+    attention,
+    composed_attention,
+    composed_attention_enabled,
+    fast_attention_enabled,
+)
 from toolflash.kernels.training_math import TrainingMath
 
 
@@ -91,15 +98,23 @@ class DecoderStack(ABC):
         # The attention kernel for attention layers: toolflash's on the CPU (a fast
         # softmax), None = MLX's fused kernel through the layer's own forward.
         self.attention_kernel: Attention | None = attention if fast_attention_enabled() else None
+        # The kernel for forwards of a few queries (verify and draft blocks): composed on
+        # CUDA, where MLX's fused call builds a cuDNN graph for every new key length.
+        self.short_query_kernel: Attention | None = (
+            composed_attention if composed_attention_enabled() else None
+        )
         # The MLP's activation: None = the layer's own MLP (mlx-lm's SwiGLU); training sets
         # toolflash's CPU-fast SiLU (`training_logits`).
         self.mlp_activation: Callable[[mx.array], mx.array] | None = None
 
-    def kernel_for(self, mask: Any) -> Attention | None:
-        """The attention kernel for a forward with `mask`: toolflash's, unless the mask is a
-        small array (a few left-padded batch rows over few keys), where MLX's fused call's
-        lower overhead wins. Decided per forward, not by switching the adapter, so forwards
-        on two threads never see each other's choice."""
+    def kernel_for(self, mask: Any, queries: int) -> Attention | None:
+        """The attention kernel for a forward of `queries` tokens a row with `mask`: the
+        short-query kernel for a few queries where there is one; else toolflash's, unless the
+        mask is a small array (a few left-padded batch rows over few keys), where MLX's fused
+        call's lower overhead wins. Decided per forward, not by switching the adapter, so
+        forwards on two threads never see each other's choice."""
+        if self.short_query_kernel is not None and 1 < queries <= SHORT_QUERIES:
+            return self.short_query_kernel
         if isinstance(mask, mx.array) and mask.size < SMALL_ARRAY_MASK:
             return None
         return self.attention_kernel

@@ -36,7 +36,7 @@ class Qwen3Target(DecoderStack):
         """Decoder layers `layers` on `h` (`cache[j]` is layer layers[j]'s): the output, the
         outputs of layers in `capture` (in layer order), and the tape (none: KV trims)."""
         mask = create_attention_mask(h, cache[0])
-        kernel = self.kernel_for(mask)
+        kernel = self.kernel_for(mask, h.shape[1])
         captured = []
         for i, c in zip(layers, cache):
             layer = self.layers[i]

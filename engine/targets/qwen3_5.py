@@ -102,7 +102,7 @@ class Qwen35Target(DecoderStack):
         # array mask for left-padded rows); a slice of GatedDeltaNet layers only needs none.
         attention = next((c for i, c in zip(layers, cache) if not self.layers[i].is_linear), None)
         mask = create_attention_mask(h, attention)
-        kernel = self.kernel_for(mask)
+        kernel = self.kernel_for(mask, h.shape[1])
         captured = []
         tape: dict[int, Any] = {}
         for j, (i, c) in enumerate(zip(layers, cache)):

@@ -38,6 +38,26 @@ def test_adapter_logits_match_mlx_lm(make, adapter_cls) -> None:  # type: ignore
     assert mx.allclose(step, ref_step, atol=1e-4).item()
 
 
+@pytest.mark.parametrize(
+    "make,adapter_cls", [(qwen3_target, Qwen3Target), (qwen35_target, Qwen35Target)]
+)
+def test_short_query_kernel_takes_verify_blocks_only(make, adapter_cls) -> None:  # type: ignore[no-untyped-def]
+    """Where there is a short-query kernel (CUDA: composed attention, no per-shape cuDNN
+    graph), forwards of 2..SHORT_QUERIES tokens use it and give the same logits; AR steps
+    and prefill chunks keep the other kernels."""
+    from toolflash.kernels.attention import SHORT_QUERIES, composed_attention
+
+    model = make()
+    plain, short = adapter_cls(model), adapter_cls(model)
+    short.short_query_kernel = composed_attention
+    for queries, want in ((1, False), (2, True), (SHORT_QUERIES, True), (SHORT_QUERIES + 1, False)):
+        assert (short.kernel_for("causal", queries) is composed_attention) == want
+    caches = [plain.make_cache(), short.make_cache()]
+    for tokens in (TOKENS, [[42]], [[7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]):
+        got = [a.forward(mx.array(tokens), c).logits for a, c in zip((plain, short), caches)]
+        assert mx.allclose(got[0], got[1], atol=1e-4).item()
+
+
 def test_gated_delta_forward_matches_mlx_lm_layer() -> None:
     model = qwen35_target()
     adapter = Qwen35Target(model)
@@ -130,6 +150,26 @@ def test_sliding_mask_limits_context_and_is_causal_in_block() -> None:
     assert rows[2] == [False, False, False, False, False, True, True, True, True]
 
 
+def test_drafter_composed_attention_gives_the_same_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drafter's block attention composed (as on CUDA) equals the fused call's."""
+    import toolflash.engine.drafter as drafter_module
+
+    attn = drafter_for(qwen3_target()).eval().layers[0].self_attn  # inference, as served
+    hidden = attn.q_proj.weight.shape[1]
+    keys = mx.random.split(mx.random.key(5), 2)
+    block, ctx = (
+        mx.random.normal((2, 8, hidden), key=keys[0]),
+        mx.random.normal((2, 30, hidden), key=keys[1]),
+    )
+    ctx_k, ctx_v = attn.context_kv(ctx, 0)
+    monkeypatch.setattr(drafter_module, "fast_attention_enabled", lambda: False)
+    outs = []
+    for composed in (False, True):
+        monkeypatch.setattr(drafter_module, "composed_attention_enabled", lambda c=composed: c)
+        outs.append(attn(block, 30, ctx_k, ctx_v))
+    assert mx.allclose(outs[0], outs[1], atol=1e-5).item()
+
+
 def test_drafter_with_sliding_layers_stays_lossless() -> None:
     from toolflash.engine.drafter import DFlashDrafter, DraftConfig
     from toolflash.engine.session import GenerationSession
@@ -161,7 +201,7 @@ def test_left_padded_batch_rows_match_mlx_lm_with_either_kernel(make, adapter_cl
 
     model = make()
     adapter = adapter_cls(model)
-    assert adapter.kernel_for(None) is adapter.attention_kernel
+    assert adapter.kernel_for(None, 1) is adapter.attention_kernel
     for length in (8, 800):  # rows x keys below and above SMALL_ARRAY_MASK
         prompts = [[(7 * i + 3 + r) % 250 for i in range(length - 2 * r)] for r in range(3)]
         ref_caches, caches = [], []
@@ -183,4 +223,4 @@ def test_left_padded_batch_rows_match_mlx_lm_with_either_kernel(make, adapter_cl
         mask = attention_layer.make_mask(1, return_array=True)
         big = mask_size >= SMALL_ARRAY_MASK
         assert big == (length == 800)
-        assert (adapter.kernel_for(mask) is adapter.attention_kernel) == big
+        assert (adapter.kernel_for(mask, 1) is adapter.attention_kernel) == big

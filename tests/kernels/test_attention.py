@@ -8,6 +8,8 @@ import pytest
 from toolflash.kernels.attention import (
     attention,
     baseline_attention,
+    composed_attention,
+    composed_attention_enabled,
     exp_nonpositive,
     exp_shifted,
     fast_attention_enabled,
@@ -45,6 +47,7 @@ def test_matches_mlx_fused_attention(
     fused = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
     assert mx.allclose(attention(q, k, v, 0.125, mask), fused, atol=2e-5).item()
     assert mx.allclose(reference_attention(q, k, v, 0.125, mask), fused, atol=2e-6).item()
+    assert mx.allclose(composed_attention(q, k, v, 0.125, mask), fused, atol=2e-6).item()
 
 
 def _qkv(
@@ -142,6 +145,17 @@ def test_boolean_and_additive_array_masks() -> None:
     fused = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2, mask=allowed)
     assert mx.allclose(attention(q, k, v, 0.2, allowed), fused, atol=2e-5).item()
     assert mx.allclose(attention(q, k, v, 0.2, additive), fused, atol=2e-5).item()
+    for mask in (allowed, additive):
+        assert mx.allclose(composed_attention(q, k, v, 0.2, mask), fused, atol=2e-6).item()
+
+
+def test_composed_attention_in_bfloat16_stays_close_to_fused() -> None:
+    """On CUDA the model's bf16 verify blocks run it: MLX's precise softmax keeps it close."""
+    q, k, v = (a.astype(mx.bfloat16) for a in _qkv(16, 300, 8, 2, seed=6))
+    fused = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    got = composed_attention(q, k, v, 0.125, "causal")
+    assert got.dtype == mx.bfloat16
+    assert mx.allclose(got.astype(mx.float32), fused.astype(mx.float32), atol=2e-2).item()
 
 
 def test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,3 +163,7 @@ def test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not fast_attention_enabled()
     monkeypatch.setenv("TOOLFLASH_FAST_ATTENTION", "1")
     assert fast_attention_enabled() == (mx.default_device() == mx.cpu)
+    on_cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
+    assert composed_attention_enabled() == on_cuda
+    monkeypatch.setenv("TOOLFLASH_COMPOSED_ATTENTION", "0")
+    assert not composed_attention_enabled()
