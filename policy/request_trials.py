@@ -84,12 +84,16 @@ class RequestTrials:
         """A step of this request: its own evidence, the run of whole-block cycles at the
         decided block (a shorter cycle accepted whole, as the engine's draft length grows back
         to the block, neither counts nor breaks it; any rejection does), and a grow probe's
-        tokens per cycle."""
+        tokens per cycle (its cycles that say what the probed block commits)."""
         self.evidence.add(span, record)
         if record.mode != "spec" or record.forced or record.draft_cut or record.drafted <= 0:
             return
-        if self.current is not None and self.current.kind == "grow":
-            self._grown.append(record.committed)
+        trial = self.current
+        if trial is not None and trial.kind == "grow":
+            # A shorter cycle accepted whole (max_tokens cut it, or the draft length is growing
+            # back) is censored too, a lower bound only: left out of the verdict.
+            if record.block_size == trial.arm[1] or record.accepted < record.drafted:
+                self._grown.append(record.committed)
         if record.accepted < record.drafted:
             self.whole = 0
         elif record.block_size == self.host.arm[1]:
