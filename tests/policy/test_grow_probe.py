@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from toolflash.engine.api import CycleRecord, ModeDecision
+from toolflash.policy.controller import PolicyController
 from toolflash.policy.decide import grow_target
 from toolflash.policy.request_class import RequestClass
 
@@ -30,9 +32,9 @@ def test_grow_target() -> None:
     assert grow_target(("spec", 4), [("spec", 16), ("spec", 4)], 4, 4) == ("spec", 16)
 
 
-def _run(tmp_path: Path, extra: str, accepts: dict[int, int], steps: int = 80) -> list[dict]:
-    """A class whose first cycles missed at 16 and 8 and landed at 4 (a request starts at 4),
-    then a request whose drafts accept `accepts[block]` tokens a cycle. Its decisions."""
+def _controller(tmp_path: Path, extra: str) -> tuple[PolicyController, ModeDecision]:
+    """A request of a class whose first cycles missed at 16 and 8 and landed at 4: it starts
+    at 4."""
     tmp_path.mkdir()
     pol = policy(tmp_path, "exploration: {opening_probe: false" + extra + "}\n")
     est = pol.model("m").estimates
@@ -48,6 +50,12 @@ def _run(tmp_path: Path, extra: str, accepts: dict[int, int], steps: int = 80) -
     ctrl = pol.controller_for("m", CHAT, False)
     decision = ctrl.start(300, 16)
     assert (decision.mode, decision.block_size) == ("spec", 4), ctrl.decisions
+    return ctrl, decision
+
+
+def _run(tmp_path: Path, extra: str, accepts: dict[int, int], steps: int = 80) -> list[dict]:
+    """That request, its drafts accepting `accepts[block]` tokens a cycle: its decisions."""
+    ctrl, decision = _controller(tmp_path, extra)
     for i in range(steps):
         if decision.mode == "spec":
             b = decision.block_size
@@ -81,3 +89,20 @@ def test_a_lost_grow_probe_goes_back_and_backs_off(tmp_path: Path) -> None:
     starts = [d["step"] for d in grows]
     assert all(b - a >= 32 for a, b in zip(starts, starts[1:])), starts
     assert len(grows) <= 3
+
+
+def test_a_grow_verdict_leaves_out_shorter_cycles_accepted_whole(tmp_path: Path) -> None:
+    # A probe of 8: a whole block (8 tokens), a 2-token cycle accepted whole (the draft length
+    # growing back, or max_tokens: only "at least 2"), a cycle of 8 that committed 5. Over its
+    # two measures the probe commits 6.5 a cycle (1857 tok/s against 1538 for whole blocks of
+    # 4); counting the censored cycle as 2 tokens would read 5 (1429) and lose.
+    ctrl, decision = _controller(tmp_path / "censored", ", grow_after: 2")
+    for i in range(2):
+        decision = ctrl.after_step(spec_record(i, 4, 3, COSTS[4]), [0] * 4, "aaaa")
+    assert (decision.mode, decision.block_size) == ("spec", 8), ctrl.decisions
+    short = CycleRecord(2, "spec", 2, 1, 1, 2, 0.001, 0.001, 0.0, 300)
+    for record in (spec_record(3, 8, 7, COSTS[8]), short):
+        ctrl.after_step(record, [0] * record.committed, "a" * record.committed)
+    decision = ctrl.after_step(spec_record(5, 8, 4, COSTS[8]), [0] * 5, "aaaaa")
+    assert ctrl.decisions[-1]["kind"] == "grow-won", ctrl.decisions[-1]
+    assert (decision.mode, decision.block_size) == ("spec", 8)
