@@ -58,6 +58,31 @@ def test_short_query_kernel_takes_verify_blocks_only(make, adapter_cls) -> None:
         assert mx.allclose(got[0], got[1], atol=1e-4).item()
 
 
+@pytest.mark.parametrize(
+    "make,adapter_cls", [(qwen3_target, Qwen3Target), (qwen35_target, Qwen35Target)]
+)
+def test_short_query_kernel_on_left_padded_batch_verify(make, adapter_cls) -> None:  # type: ignore[no-untyped-def]
+    """A batched verify block (rows of unequal length: an array mask) through the short-query
+    kernel gives the logits the other kernels give."""
+    from toolflash.kernels.attention import composed_attention
+
+    model = make()
+    plain, short = adapter_cls(model), adapter_cls(model)
+    short.short_query_kernel = composed_attention
+    block = mx.array([[42, 7, 9, 11], [43, 8, 10, 12], [44, 5, 6, 13]])
+    logits = []
+    for adapter in (plain, short):
+        caches = []
+        for r in range(3):
+            caches.append(adapter.make_cache())
+            adapter.forward(
+                mx.array([[(7 * i + 3 + r) % 250 for i in range(20 - 5 * r)]]), caches[-1]
+            )
+        merged = [type(c).merge([row[j] for row in caches]) for j, c in enumerate(caches[0])]
+        logits.append(adapter.forward(block, merged).logits)
+    assert mx.allclose(logits[0], logits[1], atol=1e-4).item()
+
+
 def test_gated_delta_forward_matches_mlx_lm_layer() -> None:
     model = qwen35_target()
     adapter = Qwen35Target(model)
