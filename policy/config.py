@@ -222,6 +222,14 @@ class ExploreSettings(_Strict):
         " with one spec cycle and stay spec if this request's own acceptance beats AR (backs off"
         " per class and span)",
     )
+    probe_verdict: Literal["class", "request"] = Field(
+        default="class",
+        description="what judges a probe (not a grow probe): class, the class's estimates of"
+        " both arms; request, this request's own tokens per step under the probe against its"
+        " own under the arm before it (each at the class's step time), the class's where it"
+        " has none. A class mixes requests that copy with requests that do not: a spec probe"
+        " that committed 21 tokens in 2 cycles lost to lookup steps committing ~1 each",
+    )
     grow_after: int = Field(
         default=2,
         ge=0,

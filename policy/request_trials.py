@@ -9,6 +9,7 @@ verdict hands the span back to the class.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
@@ -20,6 +21,9 @@ from .decide import AR, Arm, Choice, arm_name
 from .reads import StepReads
 from .request_evidence import RequestEvidence
 from .trial import Backoff, Trial, probe_target, retry_backoff
+
+# Steps outside trials a probe's own verdict reads the base arm from.
+_RECENT_STEPS = 8
 
 
 class TrialHost(Protocol):
@@ -72,10 +76,12 @@ class RequestTrials:
         self.selected: str | None = None
         self.budget = self.explore.budget_per_request
         self.probes = self.probe_steps = self.openings = 0
-        # Cycles in a row that accepted the whole block the current arm decided (`grow`), and
-        # the tokens each drafted cycle of a grow probe in flight committed.
+        # Cycles in a row that accepted the whole block the current arm decided (`grow`), the
+        # tokens each step of the probe in flight committed (a grow probe's: its cycles that
+        # measure the block), and (span, arm, tokens) of the last steps outside trials.
         self.whole = 0
         self._grown: list[int] = []
+        self._recent: deque[tuple[str, Arm, int]] = deque(maxlen=_RECENT_STEPS)
 
     def _scope(self, span: str) -> tuple[str, str, str]:
         return (self.model_id, self.label, span)
@@ -86,9 +92,13 @@ class RequestTrials:
         to the block, neither counts nor breaks it; any rejection does), and a grow probe's
         tokens per cycle (its cycles that say what the probed block commits)."""
         self.evidence.add(span, record)
+        trial = self.current
+        if trial is None:
+            self._recent.append((span, self.host.arm, record.committed))
+        elif trial.kind == "probe":
+            self._grown.append(record.committed)
         if record.mode != "spec" or record.forced or record.draft_cut or record.drafted <= 0:
             return
-        trial = self.current
         if trial is not None and trial.kind == "grow":
             # A shorter cycle accepted whole (max_tokens cut it, or the draft length is growing
             # back) is censored too, a lower bound only: left out of the verdict.
@@ -174,6 +184,7 @@ class RequestTrials:
         if not decide.probe_fits(self.probe_steps, length, host.steps, self.explore.probe_share):
             return None
         self.current = Trial("probe", span, arm, host.arm, length)
+        self._grown = []
         self.probes += 1
         return arm, f"{span}: probe {arm_name(arm)} for {length} steps ({why})", "probe"
 
@@ -192,6 +203,13 @@ class RequestTrials:
         est = {probe.arm: reads.throughput(probe.arm, span)}
         est[probe.base] = reads.throughput(probe.base, span)
         won = decide.beats(est[probe.arm], est[probe.base], rule)
+        own = (
+            self._own_verdict(probe, span, rule)
+            if self.explore.probe_verdict == "request"
+            else None
+        )
+        if own is not None:
+            won = own[0] == "spec"
         self.count(
             "probes",
             model=self.model_id,
@@ -201,6 +219,8 @@ class RequestTrials:
             **{"class": self.label},
         )
         vs = f"{decide.fmt(probe.arm, est)} vs {decide.fmt(probe.base, est)}"
+        if own is not None:
+            vs = f"{own[1]} (class: {vs})"
         if won:
             self.probes_backoff.won(scope, self._waits_on(probe.arm))
             return probe.arm, f"{span}: probe won, {vs}", "probe-won"
@@ -212,6 +232,32 @@ class RequestTrials:
         if arm != probe.base:
             reason = f"{reason}; {why}"
         return arm, reason, "probe-lost"
+
+    def _own_verdict(self, probe: Trial, span: str, rule: SpanRule) -> tuple[str, str] | None:
+        """(verdict, why) from this request's own tokens per step under the probe against its
+        last steps in the span under the base arm, each at the class's step time; None when
+        either is missing."""
+        base = [n for s, a, n in self._recent if s == span and a == probe.base]
+        probe_s, base_s = self._step_seconds(probe.arm, span), self._step_seconds(probe.base, span)
+        if not base or not self._grown or probe_s is None or base_s is None:
+            return None
+        tau = sum(self._grown) / len(self._grown)
+        base_tps = sum(base) / len(base) / base_s
+        verdict = decide.local_verdict(tau, probe_s, base_tps, rule.switch_margin)
+        why = (
+            f"this request's {arm_name(probe.arm)} {tau / probe_s:.0f} tok/s (tau {tau:.2f}) vs"
+            f" {arm_name(probe.base)} {base_tps:.0f} tok/s"
+        )
+        return verdict, why
+
+    def _step_seconds(self, arm: Arm, span: str) -> float | None:
+        """The class's seconds per step of `arm` here (a spec cycle's at its block)."""
+        if arm[0] == "spec":
+            return self.host.reads.cycle_seconds(arm[1])
+        t, per_step = self.host.reads.estimate(arm, span)
+        if not t.known:
+            return None
+        return (per_step if arm[0] == "lookup" and per_step > 0 else 1.0) / t.tps
 
     # -- grow probes ------------------------------------------------------------------------
     def grow(self, rule: SpanRule, span: str) -> Choice | None:
