@@ -390,6 +390,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the gateway's stream_interval_ms (default: the server's default)",
     )
+    p.add_argument(
+        "--loop-nice",
+        type=int,
+        default=0,
+        help="the gateway's loop_nice: the event loop thread this many nice steps lower",
+    )
     p.add_argument("--per-client", type=int, default=2)
     p.add_argument(
         "--http-stack",
@@ -428,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     config = GatewayConfig(mode=args.mode, block_size=args.block_size, max_queue=64)
     if args.stream_interval_ms is not None:
         config = config.model_copy(update={"stream_interval_ms": args.stream_interval_ms})
+    if args.loop_nice:
+        config = config.model_copy(update={"loop_nice": args.loop_nice})
     app = create_app(factory, config)
     url, server, thread = start_server(app, args.http_stack)
     direct: list[Run] = []
@@ -514,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "stream_interval_ms": getattr(config, "stream_interval_ms", None),
+        "loop_nice": getattr(config, "loop_nice", 0),
         "http_stack": {
             "requested": args.http_stack,
             "loop": stack_loop,

@@ -144,6 +144,15 @@ class GatewayConfig(BaseModel):
         " soon as it is ready, with the others ready at that moment): deltas that arrive"
         " meanwhile go out together, fewer writes for tokens held back",
     )
+    loop_nice: int = Field(
+        default=0,
+        ge=0,
+        le=19,
+        description="run the event loop thread this many nice steps below the engine's threads"
+        " (Linux, where nice is per thread; 0: off): where a CPU engine fills the cores, a"
+        " stream's per-token work then waits for a free core instead of taking the engine's"
+        " (2 cores, greedy AR: streams decode ~4 percent faster, each token out ~0.5 ms later)",
+    )
     sparse_prefill: float | None = Field(
         default=None,
         gt=0.0,

@@ -1,0 +1,60 @@
+"""`loop_nice`: the event loop thread runs at a lower CPU priority than the engine's thread
+(Linux: nice is per thread); 0 leaves every thread as it was."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import serve
+from toolflash.gateway.config import GatewayConfig
+from toolflash.gateway.thread_priority import lower_this_thread
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice")
+
+
+def nice_of(thread: threading.Thread) -> int:
+    assert thread.native_id is not None
+    return os.getpriority(os.PRIO_PROCESS, thread.native_id)
+
+
+def engine_thread() -> threading.Thread:
+    return next(t for t in threading.enumerate() if t.name == "toolflash-engine")
+
+
+@linux
+@pytest.mark.parametrize("steps", [0, 3])
+def test_the_loop_runs_steps_below_the_engine(steps: int) -> None:
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    if base + 3 > 19:
+        pytest.skip("already at the lowest priority")
+    seen: dict[str, int] = {}
+
+    def probe() -> None:  # runs on the loop's thread: the lifespan lowered it there
+        seen["loop"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    with serve(config=GatewayConfig(loop_nice=steps)) as s:
+        r = httpx.post(
+            f"{s.v1}/chat/completions",
+            json={"messages": [{"role": "user", "content": "SCRIPT:hello"}], "stream": True},
+            timeout=10,
+        )
+        assert r.status_code == 200
+        assert nice_of(engine_thread()) == base
+        s.server.servers[0].get_loop().call_soon_threadsafe(probe)  # type: ignore[attr-defined]
+        for _ in range(200):
+            if "loop" in seen:
+                break
+            threading.Event().wait(0.01)
+    assert seen["loop"] == base + steps
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # not the process
+
+
+def test_nothing_changes_for_zero_steps_or_off_linux(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not lower_this_thread(0)
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert not lower_this_thread(5)
