@@ -80,7 +80,7 @@ class RequestTrials:
         # tokens each step of the probe in flight committed (a grow probe's: its cycles that
         # measure the block), and (span, arm, tokens) of the last steps outside trials.
         self.whole = 0
-        self._grown: list[int] = []
+        self._trial_tokens: list[int] = []
         self._recent: deque[tuple[str, Arm, int]] = deque(maxlen=_RECENT_STEPS)
 
     def _scope(self, span: str) -> tuple[str, str, str]:
@@ -96,14 +96,14 @@ class RequestTrials:
         if trial is None:
             self._recent.append((span, self.host.arm, record.committed))
         elif trial.kind == "probe":
-            self._grown.append(record.committed)
+            self._trial_tokens.append(record.committed)
         if record.mode != "spec" or record.forced or record.draft_cut or record.drafted <= 0:
             return
         if trial is not None and trial.kind == "grow":
             # A shorter cycle accepted whole (max_tokens cut it, or the draft length is growing
             # back) is censored too, a lower bound only: left out of the verdict.
             if record.block_size == trial.arm[1] or record.accepted < record.drafted:
-                self._grown.append(record.committed)
+                self._trial_tokens.append(record.committed)
         if record.accepted < record.drafted:
             self.whole = 0
         elif record.block_size == self.host.arm[1]:
@@ -184,7 +184,7 @@ class RequestTrials:
         if not decide.probe_fits(self.probe_steps, length, host.steps, self.explore.probe_share):
             return None
         self.current = Trial("probe", span, arm, host.arm, length)
-        self._grown = []
+        self._trial_tokens = []
         self.probes += 1
         return arm, f"{span}: probe {arm_name(arm)} for {length} steps ({why})", "probe"
 
@@ -210,14 +210,7 @@ class RequestTrials:
         )
         if own is not None:
             won = own[0] == "spec"
-        self.count(
-            "probes",
-            model=self.model_id,
-            outcome="won" if won else "lost",
-            arm=arm_name(probe.arm),
-            span=span,
-            **{"class": self.label},
-        )
+        self._count_probe(probe.arm, span, won)
         vs = f"{decide.fmt(probe.arm, est)} vs {decide.fmt(probe.base, est)}"
         if own is not None:
             vs = f"{own[1]} (class: {vs})"
@@ -233,20 +226,36 @@ class RequestTrials:
             reason = f"{reason}; {why}"
         return arm, reason, "probe-lost"
 
+    def _count_probe(self, arm: Arm, span: str, won: bool) -> None:
+        outcome = "won" if won else "lost"
+        labels = {"class": self.label}
+        self.count(
+            "probes", model=self.model_id, outcome=outcome, arm=arm_name(arm), span=span, **labels
+        )
+
     def _own_verdict(self, probe: Trial, span: str, rule: SpanRule) -> tuple[str, str] | None:
         """(verdict, why) from this request's own tokens per step under the probe against its
         last steps in the span under the base arm, each at the class's step time; None when
         either is missing."""
         base = [n for s, a, n in self._recent if s == span and a == probe.base]
         probe_s, base_s = self._step_seconds(probe.arm, span), self._step_seconds(probe.base, span)
-        if not base or not self._grown or probe_s is None or base_s is None:
+        if not base or probe_s is None or base_s is None:
             return None
-        tau = sum(self._grown) / len(self._grown)
         base_tps = sum(base) / len(base) / base_s
-        verdict = decide.local_verdict(tau, probe_s, base_tps, rule.switch_margin)
+        return self._trial_verdict(probe.arm, probe_s, arm_name(probe.base), base_tps, rule)
+
+    def _trial_verdict(
+        self, arm: Arm, arm_s: float, base: str, base_tps: float, rule: SpanRule
+    ) -> tuple[decide.Verdict, str] | None:
+        """(verdict, why) of the trial's own steps at `arm` (`arm_s` each) against `base` at
+        `base_tps`; None before any step counted."""
+        if not self._trial_tokens:
+            return None
+        tau = sum(self._trial_tokens) / len(self._trial_tokens)
+        verdict = decide.local_verdict(tau, arm_s, base_tps, rule.switch_margin)
         why = (
-            f"this request's {arm_name(probe.arm)} {tau / probe_s:.0f} tok/s (tau {tau:.2f}) vs"
-            f" {arm_name(probe.base)} {base_tps:.0f} tok/s"
+            f"this request's {arm_name(arm)} {tau / arm_s:.0f} tok/s (tau {tau:.2f})"
+            f" vs {base} {base_tps:.0f} tok/s"
         )
         return verdict, why
 
@@ -277,7 +286,7 @@ class RequestTrials:
         # its cycles' larger verify, not a worse arm's whole steps.
         length = self._length(target)
         self.current = Trial("grow", span, target, host.arm, length)
-        self._grown = []
+        self._trial_tokens = []
         self.probes += 1
         base = arm_name(host.arm)
         why = f"{span}: {self.whole} whole {base} blocks in a row, probe {arm_name(target)}"
@@ -291,24 +300,13 @@ class RequestTrials:
         rule = self.policy.rule(self.label, span)
         reads = self.host.reads
         grown_s, base_s = reads.cycle_seconds(trial.arm[1]), reads.cycle_seconds(trial.base[1])
-        grown, base = arm_name(trial.arm), arm_name(trial.base)
-        verdict: decide.Verdict = "unsure"
-        vs = "not judgeable"
-        if self._grown and grown_s is not None and base_s is not None:
-            tau = sum(self._grown) / len(self._grown)
-            base_tps = trial.base[1] / base_s
-            verdict = decide.local_verdict(tau, grown_s, base_tps, rule.switch_margin)
-            vs = f"{grown} {tau / grown_s:.0f} tok/s (tau {tau:.2f}) vs whole {base} blocks"
-            vs += f" {base_tps:.0f} tok/s"
-        won = verdict == "spec"
-        self.count(
-            "probes",
-            model=self.model_id,
-            outcome="won" if won else "lost",
-            arm=arm_name(trial.arm),
-            span=span,
-            **{"class": self.label},
-        )
+        own = None
+        if grown_s is not None and base_s is not None:
+            base = f"whole {arm_name(trial.base)} blocks"
+            own = self._trial_verdict(trial.arm, grown_s, base, trial.base[1] / base_s, rule)
+        won = own is not None and own[0] == "spec"
+        vs = "not judgeable" if own is None else own[1]
+        self._count_probe(trial.arm, span, won)
         if won:
             self.probes_backoff.won(scope, what)
             return trial.arm, f"{span}: grow probe won, {vs}", "grow-won"
