@@ -2,7 +2,7 @@
 # On the device, after scripts/device_install.sh install: the H200 figures of the speed (#25),
 # long-prompt (#28) and batching (#31) issues on a random-weight target of a real shape.
 #   bash scripts/device_bench.sh [shape] [what...]
-#   (what: ar spec chunks prefill batch step spec-step drafts forward matmul;
+#   (what: ar spec context chunks prefill batch step spec-step drafts forward matmul;
 #    default ar chunks prefill batch)
 # Reports land in $OUT (the device tool brings them back) or ./device_out.
 # TOOLFLASH_COMPOSED_ATTENTION=0 gives verify and draft blocks MLX's fused attention (cuDNN,
@@ -34,6 +34,10 @@ for w in $what; do
         --draft "$draft" --variants ar,spec-fixed --stop length --per-kind 2 --repeats 2 \
         --max-tokens 64 --no-progress --json "$out/h200_baseline_spec_$shape$ab.json") 2>&1 \
         | grep -v "\[debug" ;;
+    context)  # an AR step and a spec cycle by prompt length, each length new to the process
+      timeout 240 python3 benchmarks/spec_cycle_context.py --model "$model" --draft "$draft" \
+        --lengths 200,1000,3000 --json "$out/h200_spec_cycle_context_$shape$ab.json" \
+        2>&1 | grep -v "\[debug" ;;
     prefill|prefill-*)  # dense (and sparse) prefill against mlx-lm; prefill-N: engine chunk N
       chunk=${w#prefill}; chunk=${chunk#-}
       timeout 300 python3 benchmarks/ttft_long_prompts.py --model "$model" --lengths 4096,16384 \
