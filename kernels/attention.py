@@ -114,9 +114,11 @@ def _scores_mask(mask: Any, n_queries: int, n_keys: int) -> mx.array | None:
 
 
 def _grouped_mask(m: mx.array, n_heads: int, rep: int, n_q: int, n_k: int) -> mx.array:
-    """A [B, H, L, S] mask (as mlx-lm builds it) split like the grouped queries."""
+    """A [B, H, L, S] mask (as mlx-lm builds it) split like the grouped queries; a size-1
+    query or key axis (a padding mask shared by every query) stays broadcast."""
     if m.ndim == 4:
-        return m.reshape(m.shape[0], -1, rep if m.shape[1] == n_heads else 1, n_q, n_k)
+        rows, keys = m.shape[2], m.shape[3]
+        return m.reshape(m.shape[0], -1, rep if m.shape[1] == n_heads else 1, rows, keys)
     return m
 
 

@@ -149,6 +149,19 @@ def test_boolean_and_additive_array_masks() -> None:
         assert mx.allclose(composed_attention(q, k, v, 0.2, mask), fused, atol=2e-6).item()
 
 
+def test_a_padding_mask_shared_by_every_query() -> None:
+    """A batch's [B, 1, 1, S] mask (left padding, one row for all queries, as a drafter's
+    block attends) stays broadcast over the grouped queries."""
+    keys = mx.random.split(mx.random.key(11), 4)
+    q = mx.random.normal((2, 8, 16, 32), key=keys[0])
+    k = mx.random.normal((2, 2, 151, 32), key=keys[1])
+    v = mx.random.normal((2, 2, 151, 32), key=keys[2])
+    padding = mx.arange(151)[None, None, None, :] >= mx.array([0, 40])[:, None, None, None]
+    fused = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=padding)
+    assert mx.allclose(composed_attention(q, k, v, 0.125, padding), fused, atol=2e-6).item()
+    assert mx.allclose(attention(q, k, v, 0.125, padding), fused, atol=2e-5).item()
+
+
 def test_composed_attention_in_bfloat16_stays_close_to_fused() -> None:
     """On CUDA the model's bf16 verify blocks run it: MLX's precise softmax keeps it close."""
     q, k, v = (a.astype(mx.bfloat16) for a in _qkv(16, 300, 8, 2, seed=6))
