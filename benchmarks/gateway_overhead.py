@@ -354,6 +354,16 @@ def versions() -> dict[str, str]:
     return out
 
 
+def effective_loop_nice(config: GatewayConfig) -> int:
+    """The nice steps the server's loop ran with (the setting itself in a tree from before
+    `loop_nice_for`, as `gateway_overhead_rounds.py` runs older commits)."""
+    try:
+        from toolflash.gateway.thread_priority import loop_nice_for, mlx_on_cpu, usable_cores
+    except ImportError:
+        return int(config.loop_nice or 0)
+    return loop_nice_for(config.loop_nice, mlx_on_cpu(), usable_cores())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -393,8 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--loop-nice",
         type=int,
-        default=0,
-        help="the gateway's loop_nice: the event loop thread this many nice steps lower",
+        default=None,
+        help="the gateway's loop_nice: the event loop thread this many nice steps lower"
+        " (default: the server's default)",
     )
     p.add_argument("--per-client", type=int, default=2)
     p.add_argument(
@@ -434,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     config = GatewayConfig(mode=args.mode, block_size=args.block_size, max_queue=64)
     if args.stream_interval_ms is not None:
         config = config.model_copy(update={"stream_interval_ms": args.stream_interval_ms})
-    if args.loop_nice:
+    if args.loop_nice is not None:
         config = config.model_copy(update={"loop_nice": args.loop_nice})
     app = create_app(factory, config)
     url, server, thread = start_server(app, args.http_stack)
@@ -522,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "stream_interval_ms": getattr(config, "stream_interval_ms", None),
-        "loop_nice": getattr(config, "loop_nice", 0),
+        "loop_nice": effective_loop_nice(config),
         "http_stack": {
             "requested": args.http_stack,
             "loop": stack_loop,

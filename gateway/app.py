@@ -40,7 +40,12 @@ from toolflash.gateway.prepare import ControllerFactory, SparsePolicy
 from toolflash.gateway.protocol import ModelCard, ModelList
 from toolflash.gateway.serving import GatewayContext, gateway, render_pool
 from toolflash.gateway.status import LiveStatus
-from toolflash.gateway.thread_priority import lower_this_thread
+from toolflash.gateway.thread_priority import (
+    loop_nice_for,
+    lower_this_thread,
+    mlx_on_cpu,
+    usable_cores,
+)
 from toolflash.gateway.upstream_config import UpstreamsFile
 from toolflash.gateway.worker import EngineWorker
 
@@ -249,8 +254,9 @@ def create_app(
         t0 = time.perf_counter()
         if ctx.local:
             worker.start()  # its thread (and MLX's, made from it) keep the process's priority
-            if lower_this_thread(config.loop_nice):
-                log.info("event_loop_priority_lowered", nice_steps=config.loop_nice)
+            nice = loop_nice_for(config.loop_nice, mlx_on_cpu(), usable_cores())
+            if lower_this_thread(nice):
+                log.info("event_loop_priority_lowered", nice_steps=nice, setting=config.loop_nice)
         log.info(
             "gateway_starting",
             decoding="adaptive policy" if controller_factory is not None else config.mode,

@@ -144,12 +144,13 @@ class GatewayConfig(BaseModel):
         " soon as it is ready, with the others ready at that moment): deltas that arrive"
         " meanwhile go out together, fewer writes for tokens held back",
     )
-    loop_nice: int = Field(
-        default=0,
+    loop_nice: int | None = Field(
+        default=None,
         ge=0,
         le=19,
         description="run the event loop thread this many nice steps below the engine's threads"
-        " (Linux, where nice is per thread; 0: off): where a CPU engine fills the cores, a"
+        " (Linux, where nice is per thread; 0: off; unset: 10 where a local engine runs on"
+        " MLX's CPU with at most 2 usable cores, else 0): where a CPU engine fills the cores, a"
         " stream's per-token work then waits for a free core instead of taking the engine's"
         " (2 cores, greedy AR: streams decode ~4 percent faster, each token out ~0.5 ms later)",
     )

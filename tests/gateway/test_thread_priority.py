@@ -12,7 +12,7 @@ import pytest
 
 from tests.gateway.conftest import serve
 from toolflash.gateway.config import GatewayConfig
-from toolflash.gateway.thread_priority import lower_this_thread
+from toolflash.gateway.thread_priority import AUTO_LOOP_NICE, loop_nice_for, lower_this_thread
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice")
 
@@ -58,3 +58,35 @@ def test_nothing_changes_for_zero_steps_or_off_linux(monkeypatch: pytest.MonkeyP
     assert not lower_this_thread(0)
     monkeypatch.setattr(sys, "platform", "darwin")
     assert not lower_this_thread(5)
+
+
+def test_unset_lowers_the_loop_only_where_a_cpu_engine_fills_the_cores() -> None:
+    assert loop_nice_for(None, engine_on_cpu=True, cores=2) == AUTO_LOOP_NICE
+    assert loop_nice_for(None, engine_on_cpu=True, cores=1) == AUTO_LOOP_NICE
+    assert loop_nice_for(None, engine_on_cpu=True, cores=4) == 0  # the loop has a core
+    assert loop_nice_for(None, engine_on_cpu=False, cores=2) == 0  # a GPU engine
+    assert loop_nice_for(0, engine_on_cpu=True, cores=2) == 0  # an explicit setting wins
+    assert loop_nice_for(5, engine_on_cpu=False, cores=16) == 5
+
+
+@linux
+def test_unset_lowers_the_loop_on_a_two_core_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolflash.gateway import app as app_module
+
+    monkeypatch.setattr(app_module, "usable_cores", lambda: 2)
+    monkeypatch.setattr(app_module, "mlx_on_cpu", lambda: True)
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    if base + AUTO_LOOP_NICE > 19:
+        pytest.skip("already near the lowest priority")
+    seen: dict[str, int] = {}
+
+    def probe() -> None:
+        seen["loop"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    with serve(config=GatewayConfig()) as s:
+        s.server.servers[0].get_loop().call_soon_threadsafe(probe)  # type: ignore[attr-defined]
+        for _ in range(200):
+            if "loop" in seen:
+                break
+            threading.Event().wait(0.01)
+    assert seen["loop"] == base + AUTO_LOOP_NICE
