@@ -108,6 +108,30 @@ def qwen3_config(shape: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def qwen35_config(shape: dict[str, Any]) -> dict[str, Any]:
+    """The config of a hybrid (qwen3_5-family) shape, as mlx-lm's loader reads it."""
+    text = {
+        "model_type": "qwen3_5_text",
+        "hidden_size": shape["hidden"],
+        "intermediate_size": shape["inter"],
+        "num_hidden_layers": shape["layers"],
+        "num_attention_heads": shape["heads"],
+        "num_key_value_heads": shape["kv"],
+        "head_dim": shape["head_dim"],
+        "rms_norm_eps": 1e-6,
+        "vocab_size": shape["vocab"],
+        "max_position_embeddings": 40960,
+        "linear_num_value_heads": shape["lin_v_heads"],
+        "linear_num_key_heads": shape["lin_k_heads"],
+        "linear_key_head_dim": shape["lin_k_dim"],
+        "linear_value_head_dim": shape["lin_v_dim"],
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": shape.get("attention_interval", 4),
+        "tie_word_embeddings": False,
+    }
+    return {"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": False}
+
+
 def build_target(shape: dict[str, Any], dtype: mx.Dtype) -> Any:
     from mlx_lm.models import qwen3, qwen3_5
 
@@ -115,26 +139,7 @@ def build_target(shape: dict[str, Any], dtype: mx.Dtype) -> Any:
         model = qwen3.Model(qwen3.ModelArgs.from_dict(qwen3_config(shape)))
         adapter_cls: Any = Qwen3Target
     else:
-        text = {
-            "model_type": "qwen3_5_text",
-            "hidden_size": shape["hidden"],
-            "intermediate_size": shape["inter"],
-            "num_hidden_layers": shape["layers"],
-            "num_attention_heads": shape["heads"],
-            "num_key_value_heads": shape["kv"],
-            "head_dim": shape["head_dim"],
-            "rms_norm_eps": 1e-6,
-            "vocab_size": shape["vocab"],
-            "max_position_embeddings": 40960,
-            "linear_num_value_heads": shape["lin_v_heads"],
-            "linear_num_key_heads": shape["lin_k_heads"],
-            "linear_key_head_dim": shape["lin_k_dim"],
-            "linear_value_head_dim": shape["lin_v_dim"],
-            "linear_conv_kernel_dim": 4,
-            "full_attention_interval": shape.get("attention_interval", 4),
-            "tie_word_embeddings": False,
-        }
-        model = qwen3_5.Model(qwen3_5.ModelArgs(model_type="qwen3_5", text_config=text))
+        model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(qwen35_config(shape)))
         adapter_cls = Qwen35Target
     model.set_dtype(dtype)
     mx.eval(model.parameters())

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-from cycle_costs import SHAPES, build_drafter, build_target, qwen3_config
+from cycle_costs import SHAPES, build_drafter, build_target, qwen3_config, qwen35_config
 from mlx.utils import tree_flatten
 
 from toolflash.engine.draft_loading import save_draft
@@ -39,16 +39,14 @@ DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 
 
 def config_for(shape: dict[str, Any], dtype: str) -> dict[str, Any]:
-    """The HF-style config.json mlx-lm's loader reads for this shape (qwen3 family only:
-    the hybrid family's loader renames HF weights, which a folder of mlx-lm names would defeat)."""
-    if shape["family"] != "qwen3":
-        raise SystemExit(f"shape_model writes qwen3-family shapes only, not {shape['family']}")
-    return {
-        "architectures": ["Qwen3ForCausalLM"],
-        **qwen3_config(shape),
-        "eos_token_id": 2,
-        "torch_dtype": dtype,
-    }
+    """The config.json mlx-lm's loader reads for this shape. The weights are saved under
+    mlx-lm's own names, which both families' `sanitize` keep as they are (the hybrid's
+    depthwise convolution already in MLX's layout, its norms already offset)."""
+    if shape["family"] == "qwen3":
+        arch, config = "Qwen3ForCausalLM", qwen3_config(shape)
+    else:
+        arch, config = "Qwen3_5ForConditionalGeneration", qwen35_config(shape)
+    return {"architectures": [arch], **config, "eos_token_id": 2, "torch_dtype": dtype}
 
 
 def write(shape_name: str, out: Path, dtype: str) -> Path:

@@ -5,6 +5,9 @@
 #   (what: ar spec context chunks prefill batch step spec-step drafts forward matmul;
 #    default ar chunks prefill batch)
 # Reports land in $OUT (the device tool brings them back) or ./device_out.
+# Shapes: benchmarks/cycle_costs.py SHAPES (qwen3-8b, qwen3.5-9b the hybrid, ...). prefill reads
+# TTFT_LENGTHS and TTFT_REPEATS (mlx-lm's hybrid recurrence on CUDA runs token by token: keep
+# its lengths short).
 # TOOLFLASH_COMPOSED_ATTENTION=0 gives verify and draft blocks MLX's fused attention (cuDNN,
 # a graph per shape) instead of composed attention (reports named *_composed0): its A/B.
 set -uo pipefail
@@ -40,8 +43,9 @@ for w in $what; do
         2>&1 | grep -v "\[debug" ;;
     prefill|prefill-*)  # dense (and sparse) prefill against mlx-lm; prefill-N: engine chunk N
       chunk=${w#prefill}; chunk=${chunk#-}
-      timeout 300 python3 benchmarks/ttft_long_prompts.py --model "$model" --lengths 4096,16384 \
-        --keeps 0.5 --repeats 3 --prefill-chunk "${chunk:-0}" \
+      timeout 300 python3 benchmarks/ttft_long_prompts.py --model "$model" \
+        --lengths "${TTFT_LENGTHS:-4096,16384}" --keeps 0.5 --repeats "${TTFT_REPEATS:-3}" \
+        --prefill-chunk "${chunk:-0}" \
         --json "$out/h200_ttft_$shape${chunk:+_chunk$chunk}.json" 2>&1 | grep -v "\[debug" ;;
     chunks)  # dense prefill per chunk size, toolflash's session against mlx-lm's model
       timeout 240 python3 benchmarks/prefill_chunks.py --model "$model" --length 16384 \

@@ -24,3 +24,23 @@ def test_shape_and_its_drafter_load_as_a_pair(tmp_path: Path) -> None:
     events = list(engine.generate(request))
     tokens = [t for e in events if isinstance(e, TokenEvent) for t in e.token_ids]
     assert len(tokens) == 12 and isinstance(events[-1], FinishEvent)
+
+
+def test_a_hybrid_shape_loads_with_the_logits_it_was_built_with(tmp_path: Path) -> None:
+    """The hybrid family's folder (mlx-lm names, MLX layouts) loads back through mlx-lm's own
+    loader and toolflash's engine to the same model: the same logits as the one written."""
+    import mlx.core as mx
+    from mlx_lm.utils import load_model
+
+    model_dir = tmp_path / "hybrid"
+    argv = ["--shape", "tiny-hybrid", "--out", str(model_dir), "--dtype", "float32"]
+    assert shape_model.main(argv) == 0
+    mx.random.seed(0)  # what `write` seeds before building the model it saves
+    built = shape_model.build_target(shape_model.SHAPES["tiny-hybrid"], mx.float32).model
+    loaded, _ = load_model(model_dir)
+    ids = mx.array([[5, 6, 7, 8, 9, 10]])
+    assert mx.allclose(loaded(ids), built(ids), atol=1e-5).item()
+    engine = build_engine(str(model_dir), None, mode="ar")
+    request = GenerationRequest((5, 6, 7, 8), 6, mode="ar", ignore_eos=True)
+    tokens = [t for e in engine.generate(request) if isinstance(e, TokenEvent) for t in e.token_ids]
+    assert len(tokens) == 6
