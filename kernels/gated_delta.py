@@ -9,8 +9,9 @@ Two implementations return the same values:
   (mlx-lm's own ops path). A 16-token verify is 16 dependent steps per GatedDeltaNet layer.
 - `recurrence_chunked`, the default for more than one token: the chunkwise form of the gated
   delta rule (the "WY" form of DeltaNet's chunked training kernels), a handful of batched
-  matmuls per chunk of up to `CHUNK` tokens; each step's state is one more matmul, built
-  lazily, so a rollback computes only the state it keeps.
+  matmuls per chunk (`chunk_length`: a verify block is one, prefill takes 32 tokens at a
+  time on the CPU, 128 on a GPU); each step's state is one more matmul, built lazily, so a rollback computes only the
+  state it keeps.
 
 A fused Metal/CUDA kernel can replace `recurrence` behind `set_backend` as long as it returns
 the same states.
@@ -76,8 +77,25 @@ def recurrence_ops(
     return mx.stack(ys, axis=1), states
 
 
-# Tokens per closed-form chunk: a verify block fits in one; prefill chunks loop over them.
+# Tokens per closed-form chunk: a verify block (at most CHUNK) is one; longer inputs (prefill)
+# loop over longer chunks, by device. Fewer chunks are fewer dependent steps of a dozen small
+# kernels each, which a GPU launches at more cost than their work; a chunk of C costs C^2 terms
+# and log2(C) squarings, which the CPU pays in compute. One layer of the qwen3.5-9b shape over
+# 4096 tokens: H100 107-127 / 61 / 31-41 / 23 ms at 16 / 32 / 64 / 128; 2-core CPU (2048
+# tokens) 213-293 / 192-193 / 263-278 ms at 16 / 32 / 64, the tiny hybrid 44-47 / 32-34 / 40-43.
 CHUNK = 16
+LONG_CHUNK_CPU = 32
+LONG_CHUNK_GPU = 128
+
+
+def chunk_length(tokens: int, long_chunk: int) -> int:
+    """Tokens per chunk for a forward of `tokens`: one chunk up to `long_chunk` tokens."""
+    return min(tokens, long_chunk) if tokens > CHUNK else tokens
+
+
+def long_chunk() -> int:
+    """The chunk length of long inputs on MLX's default device."""
+    return LONG_CHUNK_GPU if mx.default_device() == mx.gpu else LONG_CHUNK_CPU
 
 
 def recurrence_chunked(
@@ -89,7 +107,7 @@ def recurrence_chunked(
     state: mx.array,
     keep_states: bool,
 ) -> tuple[mx.array, Sequence[mx.array]]:
-    """The gated delta rule over T steps in chunks of `CHUNK`, same shapes and results as
+    """The gated delta rule over T steps in chunks (`chunk_length`), same shapes and results as
     `recurrence_ops` (up to float32 rounding). One token falls back to the step. With
     `keep_states` the states are a `StepStates`: each is built when it is read."""
     if q.shape[1] == 1:
@@ -100,8 +118,9 @@ def recurrence_chunked(
     gh, bh = (x.transpose(0, 2, 1).astype(mx.float32) for x in (g, beta))
     ys: list[mx.array] = []
     states = StepStates()
-    for c0 in range(0, qh.shape[2], CHUNK):
-        c1 = min(c0 + CHUNK, qh.shape[2])
+    size = chunk_length(qh.shape[2], long_chunk())
+    for c0 in range(0, qh.shape[2], size):
+        c1 = min(c0 + size, qh.shape[2])
         y, state_after = _chunk(
             qh[:, :, c0:c1],
             kh[:, :, c0:c1],

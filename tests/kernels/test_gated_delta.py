@@ -31,6 +31,7 @@ def _inputs(t: int, hk: int, hv: int, dk: int, dv: int, g_low: float = 0.3, seed
         (16, 2, 4, 32, 48),
         (37, 2, 4, 32, 32),
         (130, 1, 2, 16, 8),
+        (300, 2, 2, 16, 16),
     ],
 )
 @pytest.mark.parametrize("keep", [True, False])
@@ -44,6 +45,26 @@ def test_chunked_matches_reference(t: int, hk: int, hv: int, dk: int, dv: int, k
     for got, want in zip(states, states_ref):
         assert got.shape == want.shape
         assert mx.allclose(got, want, atol=1e-5).item()
+
+
+def test_a_verify_block_is_one_chunk_and_prefill_takes_long_chunks() -> None:
+    assert [gated_delta.chunk_length(t, 128) for t in (2, 16)] == [2, 16]
+    assert [gated_delta.chunk_length(t, 32) for t in (17, 32, 33, 4096)] == [17, 32, 32, 32]
+    assert gated_delta.chunk_length(4096, 128) == 128
+    assert gated_delta.long_chunk() == gated_delta.LONG_CHUNK_CPU  # the suite runs on the CPU
+
+
+@pytest.mark.parametrize("chunk", [gated_delta.LONG_CHUNK_CPU, gated_delta.LONG_CHUNK_GPU])
+def test_each_devices_long_chunks_match_the_reference(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gated_delta, "long_chunk", lambda: chunk)
+    args = _inputs(300, 2, 4, 32, 32)
+    y_ref, states_ref = gated_delta.recurrence_ops(*args, True)
+    y, states = gated_delta.recurrence_chunked(*args, True)
+    assert mx.allclose(y, y_ref, atol=1e-5).item()
+    for t in (0, 127, 128, 299):
+        assert mx.allclose(states[t], states_ref[t], atol=1e-5).item()
 
 
 def test_chunked_survives_decays_that_underflow() -> None:
