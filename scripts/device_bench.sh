@@ -2,7 +2,7 @@
 # On the device, after scripts/device_install.sh install: the H200 figures of the speed (#25),
 # long-prompt (#28) and batching (#31) issues on a random-weight target of a real shape.
 #   bash scripts/device_bench.sh [shape] [what...]
-#   (what: ar spec context chunks prefill batch step spec-step drafts forward matmul;
+#   (what: ar spec context chunks prefill recurrence batch step spec-step drafts forward matmul;
 #    default ar chunks prefill batch)
 # Reports land in $OUT (the device tool brings them back) or ./device_out.
 # Shapes: benchmarks/cycle_costs.py SHAPES (qwen3-8b, qwen3.5-9b the hybrid, ...). prefill reads
@@ -47,6 +47,9 @@ for w in $what; do
         --lengths "${TTFT_LENGTHS:-4096,16384}" --keeps 0.5 --repeats "${TTFT_REPEATS:-3}" \
         --prefill-chunk "${chunk:-0}" \
         --json "$out/h200_ttft_$shape${chunk:+_chunk$chunk}.json" 2>&1 | grep -v "\[debug" ;;
+    recurrence)  # a hybrid shape's GatedDeltaNet recurrence over 4096 tokens by chunk length
+      timeout 240 python3 benchmarks/recurrence_chunks.py --shape "$shape" --tokens 4096 \
+        --chunks 16,32,64,128,256 --json "$out/h200_recurrence_chunks_$shape.json" 2>&1 ;;
     chunks)  # dense prefill per chunk size, toolflash's session against mlx-lm's model
       timeout 240 python3 benchmarks/prefill_chunks.py --model "$model" --length 16384 \
         --chunks 512,2048,4096 --repeats 3 --json "$out/h200_prefill_chunks_$shape.json" \
