@@ -10,8 +10,8 @@ Two implementations return the same values:
 - `recurrence_chunked`, the default for more than one token: the chunkwise form of the gated
   delta rule (the "WY" form of DeltaNet's chunked training kernels), a handful of batched
   matmuls per chunk (`chunk_length`: a verify block is one, prefill takes 32 tokens at a
-  time on the CPU, 128 on a GPU); each step's state is one more matmul, built lazily, so a rollback computes only the
-  state it keeps.
+  time on the CPU, 128 on a GPU); each step's state is one more matmul, built lazily, so a
+  rollback computes only the state it keeps.
 
 A fused Metal/CUDA kernel can replace `recurrence` behind `set_backend` as long as it returns
 the same states.
@@ -80,9 +80,8 @@ def recurrence_ops(
 # Tokens per closed-form chunk: a verify block (at most CHUNK) is one; longer inputs (prefill)
 # loop over longer chunks, by device. Fewer chunks are fewer dependent steps of a dozen small
 # kernels each, which a GPU launches at more cost than their work; a chunk of C costs C^2 terms
-# and log2(C) squarings, which the CPU pays in compute. One layer of the qwen3.5-9b shape over
-# 4096 tokens: H100 107-127 / 61 / 31-41 / 23 ms at 16 / 32 / 64 / 128; 2-core CPU (2048
-# tokens) 213-293 / 192-193 / 263-278 ms at 16 / 32 / 64, the tiny hybrid 44-47 / 32-34 / 40-43.
+# and log2(C) squarings, which the CPU pays in compute. Chosen by `benchmarks/recurrence_chunks.py`
+# (on an H100 128 ran a hybrid 9B layer ~5x faster than 16; on the CPU 32 was the fastest).
 CHUNK = 16
 LONG_CHUNK_CPU = 32
 LONG_CHUNK_GPU = 128
