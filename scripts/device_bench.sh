@@ -43,10 +43,11 @@ for w in $what; do
         2>&1 | grep -v "\[debug" ;;
     prefill|prefill-*)  # dense (and sparse) prefill against mlx-lm; prefill-N: engine chunk N
       chunk=${w#prefill}; chunk=${chunk#-}
+      name=$out/h200_ttft_$shape${chunk:+_chunk$chunk}
       timeout 300 python3 benchmarks/ttft_long_prompts.py --model "$model" \
         --lengths "${TTFT_LENGTHS:-4096,16384}" --keeps 0.5 --repeats "${TTFT_REPEATS:-3}" \
-        --prefill-chunk "${chunk:-0}" --partial "$out/h200_ttft_$shape${chunk:+_chunk$chunk}_partial.json" \
-        --json "$out/h200_ttft_$shape${chunk:+_chunk$chunk}.json" 2>&1 | grep -v "\[debug" ;;
+        --prefill-chunk "${chunk:-0}" --partial "${name}_partial.json" --json "$name.json" \
+        2>&1 | grep -v "\[debug" ;;
     recurrence)  # a hybrid shape's GatedDeltaNet recurrence over 4096 tokens by chunk length
       timeout 240 python3 benchmarks/recurrence_chunks.py --shape "$shape" --tokens 4096 \
         --chunks 16,32,64,128,256 --json "$out/h200_recurrence_chunks_$shape.json" 2>&1 ;;
