@@ -56,6 +56,7 @@ from agent_workload_run import (
 )
 
 from toolflash.bench import machine_info
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.gateway.logs import configure_logging
 from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.config import PolicyConfig
@@ -342,4 +343,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     sys.exit(main())

@@ -29,6 +29,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.kernels.attention import attention, baseline_attention
 
 KERNELS: dict[str, Callable[..., mx.array] | None] = {
@@ -155,4 +156,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     main()

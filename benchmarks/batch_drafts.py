@@ -19,6 +19,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.batching.drafts import dflash_logits
 from toolflash.engine.factory import build_engine
 from toolflash.engine.session import GenerationSession, dflash_proposal
@@ -79,4 +80,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     raise SystemExit(main())

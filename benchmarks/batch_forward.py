@@ -24,6 +24,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.factory import build_engine
 
 
@@ -109,4 +110,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     main()

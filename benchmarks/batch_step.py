@@ -27,6 +27,7 @@ from typing import Any
 import mlx.core as mx
 from concurrent_engine import requests
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.api import TokenEvent
 from toolflash.engine.batching.batcher import EngineBatcher
 from toolflash.engine.factory import build_engine
@@ -137,4 +138,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     raise SystemExit(main())

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_workload import balanced_orders, build_workload, class_name, generate  # noqa: E402
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.policy.adaptive import AdaptivePolicy  # noqa: E402
 from toolflash.policy.config import PolicyConfig  # noqa: E402
 
@@ -166,4 +167,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     sys.exit(main())

@@ -44,6 +44,7 @@ from typing import Any
 
 import httpx
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -342,4 +343,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     raise SystemExit(main())

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.api import GenerationRequest, Mode, OutputConstraint, ToolSpec
 from toolflash.engine.choosers import GreedyChooser
 from toolflash.engine.constraints import constraint_processors
@@ -406,4 +407,5 @@ def format_report(rep: Mapping[str, Any]) -> str:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     raise SystemExit(main())

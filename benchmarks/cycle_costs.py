@@ -19,6 +19,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.drafter import DFlashDrafter, DraftConfig
 from toolflash.engine.session import GenerationSession
 from toolflash.engine.targets.qwen3 import Qwen3Target
@@ -256,4 +257,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     main()

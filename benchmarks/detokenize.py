@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 from transformers import AutoTokenizer
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.stops import visible_text
 from toolflash.engine.text import TextTracker
 
@@ -46,4 +47,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     main()

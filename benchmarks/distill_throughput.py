@@ -25,7 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from toolflash.blas import blas_in_use
+from toolflash.blas import blas_in_use, ensure_optimized_blas_for_script
 from toolflash.engine.factory import load_target
 from toolflash.training.batched import batched_continuations, default_prefill_group
 from toolflash.training.generation import generate
@@ -128,4 +128,5 @@ def _row(
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     raise SystemExit(main())

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,4 +230,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     sys.exit(main())

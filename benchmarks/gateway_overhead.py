@@ -47,6 +47,7 @@ import sse_socket_client
 import uvicorn
 from starlette.applications import Starlette
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.api import (
     Engine,
     FinishEvent,
@@ -554,4 +555,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     sys.exit(main())

@@ -27,6 +27,8 @@ from typing import Any
 
 from upstream_overhead import package_at
 
+from toolflash.blas import ensure_optimized_blas_for_script
+
 SCRIPT = Path(__file__).with_name("gateway_overhead.py")
 FIGURES = (
     "streaming.overhead_pct",
@@ -130,4 +132,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     sys.exit(main())

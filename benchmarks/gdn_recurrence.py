@@ -19,6 +19,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.kernels import gated_delta
 
 # (key heads, value heads, key dim, value dim) of the GatedDeltaNet layers.
@@ -100,4 +101,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     main()

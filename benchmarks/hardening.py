@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -350,4 +351,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     main()

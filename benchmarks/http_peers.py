@@ -70,6 +70,7 @@ from http_peers_report import (  # the script's folder is on sys.path
     summarize,
 )
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -515,4 +516,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     sys.exit(main())

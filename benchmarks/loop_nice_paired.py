@@ -27,6 +27,7 @@ from typing import Any
 import gateway_overhead as g
 import sse_socket_client
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.api import Engine, FinishEvent, GenerationRequest, SamplingParams
 from toolflash.engine.factory import build_engine
 from toolflash.gateway import worker as worker_module
@@ -143,4 +144,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     sys.exit(main())

@@ -32,6 +32,7 @@ from typing import Any
 
 import structlog
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.api import CycleRecord, GenerationStats
 from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.config import PolicyConfig
@@ -229,4 +230,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     main()

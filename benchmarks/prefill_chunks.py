@@ -16,6 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.factory import build_engine
 from toolflash.engine.session import GenerationSession
 
@@ -91,4 +92,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     raise SystemExit(main())

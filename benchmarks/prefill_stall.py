@@ -25,6 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.api import GenerationRequest, TokenEvent
 from toolflash.engine.batching.batcher import EngineBatcher
 from toolflash.engine.factory import build_engine
@@ -124,4 +125,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     raise SystemExit(main())

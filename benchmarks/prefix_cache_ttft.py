@@ -45,6 +45,7 @@ from typing import Any
 
 from openai import OpenAI
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.registry import EMBEDDED_MODEL
 from toolflash.ports import free_port
 
@@ -499,4 +500,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     main()

@@ -19,6 +19,7 @@ from unittest import mock
 import mlx.core as mx
 from cycle_costs import SHAPES
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.kernels import gated_delta
 
 
@@ -89,4 +90,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     raise SystemExit(main())

@@ -26,6 +26,7 @@ import mlx.core as mx
 from cycle_costs import SHAPES, build_drafter, build_target, qwen3_config, qwen35_config
 from mlx.utils import tree_flatten
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.draft_loading import save_draft
 
 TOKENIZER = Path(__file__).resolve().parent.parent / "toolflash/assets/tiny/qwen3-tiny"
@@ -81,4 +82,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     raise SystemExit(main())

@@ -15,6 +15,8 @@ import time
 
 import mlx.core as mx
 
+from toolflash.blas import ensure_optimized_blas_for_script
+
 
 def per_call_ms(x: mx.array, w: mx.array, calls: int = 50) -> float:
     for _ in range(5):
@@ -76,4 +78,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     main()

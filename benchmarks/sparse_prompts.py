@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.zoo import stdlib_source as stdlib
 from toolflash.zoo.dialogues import dialogue
 
@@ -119,4 +120,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     raise SystemExit(main())

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sparse_prompts import DATA, load_prompts  # noqa: E402
 
 from toolflash.bench import machine_info  # noqa: E402
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.cache.prefix_cache import CacheConfig  # noqa: E402
 from toolflash.engine.api import FinishEvent, GenerationRequest, TokenEvent  # noqa: E402
 from toolflash.engine.sparse import SparsePrefill  # noqa: E402
@@ -229,4 +230,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     raise SystemExit(main())

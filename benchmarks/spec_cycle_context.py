@@ -20,6 +20,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.api import GenerationRequest, TokenEvent
 from toolflash.engine.factory import build_engine
 
@@ -85,4 +86,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     main()

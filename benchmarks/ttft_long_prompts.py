@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sparse_prompts import _material, build_prompt  # noqa: E402
 
 from toolflash.bench import machine_info  # noqa: E402
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.cache.prefix_cache import CacheConfig, PrefixCache  # noqa: E402
 from toolflash.cache.state import SessionState  # noqa: E402
 from toolflash.engine.api import FinishEvent, GenerationRequest  # noqa: E402
@@ -299,4 +300,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     raise SystemExit(main())

@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 import tomllib
 
+from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.ports import free_port
 
 CANNED = textwrap.dedent(
@@ -457,4 +458,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    ensure_optimized_blas_for_script()
     sys.exit(main())

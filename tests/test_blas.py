@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,24 @@ def test_cli_reexecs_with_openblas() -> None:
     assert info["path"] == LIB
     opted_out = _doctor_blas({**env, NO_REEXEC_ENV: "1"})
     assert opted_out["name"] == "reference"
+
+
+@pytest.mark.skipif(not os.path.exists(LIB), reason=f"{LIB} not installed")
+@pytest.mark.skipif(not blas.mlx_is_cpu_build(), reason="only the mlx[cpu] build is re-executed")
+def test_a_benchmark_script_reexecs_with_openblas_and_keeps_its_arguments(tmp_path: Path) -> None:
+    script = tmp_path / "bench_like.py"
+    script.write_text(
+        "import json, sys\n"
+        "from toolflash.blas import blas_in_use, ensure_optimized_blas_for_script\n"
+        "if __name__ == '__main__':\n"
+        "    ensure_optimized_blas_for_script()\n"
+        "    print(json.dumps([blas_in_use(), sys.argv[1:]]))\n"
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in {"LD_PRELOAD", NO_REEXEC_ENV, MARKER_ENV}
+    }
+    run = partial(subprocess.run, capture_output=True, text=True, timeout=120, check=True)
+    out = run([sys.executable, str(script), "--x", "1"], env=env)
+    assert json.loads(out.stdout) == ["openblas", ["--x", "1"]]
+    out = run([sys.executable, str(script)], env={**env, NO_REEXEC_ENV: "1"})
+    assert json.loads(out.stdout)[0] == "reference"

@@ -138,10 +138,21 @@ def _is_cli_process() -> bool:
 def ensure_optimized_blas(argv: list[str]) -> None:
     """Re-execute `python -m toolflash.cli *argv` with OpenBLAS preloaded when that helps.
     Returns normally when no re-exec is needed or possible."""
+    _reexec([sys.executable, "-m", "toolflash.cli", *argv], _is_cli_process())
+
+
+def ensure_optimized_blas_for_script() -> None:
+    """The same for a script run as `python SCRIPT ...` (the benchmarks): re-execute it with
+    OpenBLAS preloaded. Call it from the script's `__main__` guard only: it replaces the
+    process (an importer, such as a test, never reaches it)."""
+    _reexec([sys.executable, *sys.argv], True)
+
+
+def _reexec(command: list[str], replaceable: bool) -> None:
     if not sys.platform.startswith("linux"):
         return
     env = os.environ
-    plan = plan_blas_reexec(sys.platform, env, _is_cli_process(), mlx_is_cpu_build, find_openblas)
+    plan = plan_blas_reexec(sys.platform, env, replaceable, mlx_is_cpu_build, find_openblas)
     if plan.library is None:
         return
     child_env = dict(env)
@@ -151,7 +162,7 @@ def ensure_optimized_blas(argv: list[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execve(sys.executable, [sys.executable, "-m", "toolflash.cli", *argv], child_env)
+        os.execve(sys.executable, command, child_env)
     except OSError as exc:  # keep running on the reference BLAS rather than fail
         print(f"toolflash: could not re-exec with {plan.library}: {exc}", file=sys.stderr)
 
