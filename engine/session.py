@@ -104,9 +104,6 @@ class GenerationSession:
         self._ahead_since: float | None = None
         # The next cycle's draft, started early (`prepare`): (mode, block size, proposal).
         self._prepared: tuple[Mode, int, Proposal] | None = None
-        # Set once the chooser needed the host to choose (its processors stay for the request):
-        # then no AR forward is queued ahead only to be undone.
-        self._host_choice = False
 
     @property
     def staged(self) -> int:
@@ -279,12 +276,11 @@ class GenerationSession:
             if proposal is not None:
                 self._prepared = ("lookup", block_size, proposal)
                 return
-        if mode != "spec" and not self._host_choice:
-            queued = self._queue_ar(mx.array(self.staged), 0)
-            if queued.choice is None:  # the chooser needs the host: nothing ran yet
-                self.target.rollback(self.cache, queued.result, 0)
-                return
-            self._ahead, self._ahead_since = queued, time.perf_counter()
+        # A chooser that follows the output would mask this forward's row before a forced
+        # run is known (`_ar_step` takes forced runs first): no forward ahead of it here.
+        if mode != "spec" and not self.chooser.follows_output:
+            self._ahead = self._queue_ar(mx.array(self.staged), 0)
+            self._ahead_since = time.perf_counter()
 
     def _take_prepared(self, mode: Mode, block_size: int) -> Proposal | None:
         """The draft `prepare` started for a `mode` cycle at `block_size` (else None; any
@@ -354,26 +350,39 @@ class GenerationSession:
             token.reshape(1, 1), self.cache, self.capture, position_shift=self.position_shift
         )
         choice = self.chooser.choice_ahead(res.logits[0, -1], ahead)
-        self._host_choice = choice is None
         if choice is not None:
             # Only the choice: the captured layer outputs are computed on its way and kept
             # (their concatenation for the drafter waits until speculation absorbs them).
             mx.async_eval(choice)
+        elif ahead:
+            # Its choice waits for the token before it (processors that follow the output,
+            # `_ar_step`); the forward runs meanwhile.
+            mx.async_eval(res.logits)
         return QueuedStep(res, choice)
 
     def _ar_step(
         self, stop_check: StopCheck, lookahead: bool = False, mode: Mode = "ar"
     ) -> StepResult:
         t0 = time.perf_counter()
+        if self.ar_forced_limit > 0:
+            proposal = self.chooser.forced(self.ar_forced_limit)
+            if proposal is not None:
+                self.drain()  # a forward queued ahead fed the staged token alone
+                return self._ar_forced_run(proposal, stop_check, t0)
         current = self._ahead
         if current is None:
-            if self.ar_forced_limit > 0:
-                proposal = self.chooser.forced(self.ar_forced_limit)
-                if proposal is not None:
-                    return self._ar_forced_run(proposal, stop_check, t0)
             current = self._queue_ar(mx.array(self.staged), 0)
             if current.choice is None:
                 return self._ar_step_on_host(current.result, stop_check, t0, mode)
+        elif current.choice is None:
+            # Queued before the last token was read, by a chooser whose processors follow the
+            # output: its masks are known now, while the forward computes.
+            choice = self.chooser.choice_ahead(current.result.logits[0, -1], 0)
+            if choice is None:
+                self._ahead = self._ahead_since = None
+                return self._ar_step_on_host(current.result, stop_check, t0, mode)
+            mx.async_eval(choice)
+            current = QueuedStep(current.result, choice)
         choice = current.choice
         assert choice is not None
         # The next step's forward goes in before this token is read: its input is the

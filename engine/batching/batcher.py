@@ -358,14 +358,18 @@ class EngineBatcher:
     ) -> None:
         """Queue the next batched AR forward on this step's lazy choices before the host reads
         them, as an AR step alone does, so the device runs on while the rows commit. Only
-        where every row chooses on the device and none is at its last token; a step that
-        finds the rows changed (a row ended or joined, a mode switched) takes it back."""
+        where every row chooses on the device, none follows its output and none is at its
+        last token; a step that finds the rows changed (a row ended or joined, a mode
+        switched) takes it back."""
         if not self.queue_ahead or not all(isinstance(c, mx.array) for c in choices):
             return
         if any(lane.matcher.remaining <= 1 for lane in lanes):
             return
+        # A row whose processors follow the output chose this token on the device (its masks
+        # were known) but cannot choose the next one before this one is read.
+        if any(lane.session.chooser.follows_output for lane in lanes):
+            return
         res = self.rows.forward(list(choices), self.capture, keep_tape=True)
-        # A chooser that chose this step's token on the device chooses the next one there too.
         ready = [
             cast(mx.array, lane.choice_after_next(res.logits[i, -1]))
             for i, lane in enumerate(lanes)

@@ -64,11 +64,18 @@ class TokenChooser(Protocol):
         """The next token from target logits [V] at the staged position (AR, and prefill)."""
         ...
 
+    @property
+    def follows_output(self) -> bool:
+        """Whether choosing needs the committed output on the host (processors that follow
+        it: a grammar's masks, penalties): then a token `ahead` of the committed ones is
+        chosen only once the tokens before it are read."""
+        ...
+
     def choice_ahead(self, logits: mx.array, ahead: int) -> mx.array | None:
         """`choose` left on the device: the token from target logits [V] for the output
         position `ahead` tokens after the committed ones, as a lazy int array, so an AR step
         can queue the next forward before the host reads this token. None when choosing
-        needs the host (processors that follow the committed output)."""
+        needs the host (`follows_output`, for a position past the committed output)."""
         ...
 
     def draft(self, drafter_logits: mx.array) -> Proposal:

@@ -33,8 +33,18 @@ class GreedyChooser:
             logits = apply_processors(self.processors, logits[None], ())[0][0]
         return host_int(mx.argmax(logits))
 
+    @property
+    def follows_output(self) -> bool:
+        return bool(self.processors)
+
     def choice_ahead(self, logits: mx.array, ahead: int) -> mx.array | None:
-        return None if self.processors else mx.argmax(logits)
+        if not self.processors:
+            return mx.argmax(logits)
+        if ahead:  # the processors follow the output: they wait for the token before
+            return None
+        # The masks of the committed output are known now, on the host; the argmax stays
+        # lazy, so the forward and the choice run as one queued step.
+        return mx.argmax(apply_processors(self.processors, logits[None], ())[0][0])
 
     def draft(self, drafter_logits: mx.array) -> Proposal:
         for p in self.processors:

@@ -72,6 +72,10 @@ class SamplingChooser:
         w = weights(shape_logits(rows, self.shaping))
         return host_int(sample(w, self.keys.key(CHOOSE, self.position))[0])
 
+    @property
+    def follows_output(self) -> bool:
+        return bool(self.processors)
+
     def choice_ahead(self, logits: mx.array, ahead: int) -> mx.array | None:
         if self.processors:
             return None
