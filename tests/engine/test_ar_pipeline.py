@@ -14,7 +14,7 @@ import pytest
 
 from toolflash.cache.state import export_cache
 from toolflash.engine.api import GenerationRequest, Mode, SamplingParams
-from toolflash.engine.choosers import SamplingChooser
+from toolflash.engine.choosers import GreedyChooser, SamplingChooser
 from toolflash.engine.service import DFlashEngine
 from toolflash.engine.session import GenerationSession
 from toolflash.engine.targets.qwen3 import Qwen3Target
@@ -188,3 +188,70 @@ def test_prepared_drafts_taken_or_dropped_stay_lossless(pair: Any, seed: int) ->
         session.step(mode, block, never, lookahead=mode == "ar" and rng.random() < 0.5)
     session.drain()
     assert session.tokens == reference.tokens[: len(session.tokens)]
+
+
+class _FollowsOutput:
+    """A processor that follows the output: bans the last committed token, and after every
+    7th token fixes the next two to 11, 12 (as a grammar's fixed stretch, which `forced`
+    offers)."""
+
+    def __init__(self) -> None:
+        self.out: list[int] = []
+
+    @staticmethod
+    def _fixed(history: Sequence[int]) -> int | None:
+        n = len(history)
+        if n and n % 7 == 0:
+            return 11
+        if n % 7 == 1 and n > 1 and history[-1] == 11:
+            return 12
+        return None
+
+    def _row(self, row: mx.array, history: Sequence[int]) -> mx.array:
+        ids = mx.arange(row.shape[0])
+        fixed = self._fixed(history)
+        if fixed is not None:
+            return mx.where(ids == fixed, row, -1e9)
+        return mx.where(ids == history[-1], -1e9, row) if history else row
+
+    def _allows(self, tok: int, history: Sequence[int]) -> bool:
+        fixed = self._fixed(history)
+        return tok == fixed if fixed is not None else not history or tok != history[-1]
+
+    def process(self, logits: mx.array, draft: Sequence[int]) -> tuple[mx.array, int]:
+        history, rows, allowed = list(self.out), [], len(draft)
+        for i in range(logits.shape[0]):
+            rows.append(self._row(logits[i], history))
+            if i < len(draft):
+                if allowed == len(draft) and not self._allows(int(draft[i]), history):
+                    allowed = i
+                history.append(int(draft[i]))
+        return mx.stack(rows), allowed
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self.out.extend(int(t) for t in tokens)
+
+    def forced(self, limit: int) -> list[int]:
+        return [11, 12][:limit] if self._fixed(self.out) == 11 else []
+
+    def stats(self) -> None:
+        return None
+
+
+def test_a_chooser_that_follows_the_output_pipelines_losslessly(pair: Any) -> None:
+    """A greedy chooser with processors chooses on the device with the committed output's
+    masks and queues the next forward before reading the token (its choice deferred a step):
+    the tokens and the cache equal the host-chosen steps', forced runs included."""
+    target, drafter = pair
+    plain = decode(
+        target, drafter, ["ar"] * N_OUT, False, chooser=GreedyChooser([_FollowsOutput()])
+    )
+    piped = decode(target, drafter, ["ar"] * N_OUT, True, chooser=GreedyChooser([_FollowsOutput()]))
+    assert piped.tokens == plain.tokens and same_cache(piped, plain)
+    out = plain.tokens[len(PROMPT) :]
+    assert any(out[i : i + 2] == [11, 12] for i in range(len(out) - 1))  # forced runs ran
+    session = GenerationSession(target, drafter, chooser=GreedyChooser([_FollowsOutput()]))
+    session.prefill(PROMPT)
+    session.step("ar", 8, never, lookahead=True)
+    ahead = session._ahead
+    assert ahead is not None and ahead.choice is None  # queued, its choice deferred
