@@ -9,9 +9,10 @@ concurrent clients (1/4/16) for throughput and queueing.
 
 `--ignore-eos` bans the end-of-turn tokens with `logit_bias` (in the direct runs too), so every
 run decodes exactly `--max-tokens` tokens (the tiny pair otherwise stops after 10-40); a logit
-bias makes AR choose each token on the host, one step after another. `--ignore-eos flag` sends
-the request's `ignore_eos` field instead (the engine's `GenerationRequest.ignore_eos` in the
-direct runs): greedy AR then runs its default path, the next step queued before a token is read.
+bias is a processor that follows the output (each queued step's choice waits a step for it).
+`--ignore-eos flag` sends the request's `ignore_eos` field instead (the engine's
+`GenerationRequest.ignore_eos` in the direct runs): greedy AR then runs its default path, the
+next step and its choice queued before a token is read.
 `overhead_pct` is what HTTP adds to a generation, relative to the engine alone (the median over
 runs of (HTTP - direct) / direct; `best_overhead_pct`: the fastest HTTP run against the fastest
 direct one, which other load on a shared machine moves less); `stream_vs_plain_ms_per_token` is
