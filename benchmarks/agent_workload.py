@@ -54,9 +54,9 @@ from agent_workload_run import (
     class_name,
     generate,
 )
+from script_env import ensure_optimized_blas_for_script
 
 from toolflash.bench import machine_info
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.gateway.logs import configure_logging
 from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.config import PolicyConfig

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.kernels.attention import attention, baseline_attention
 
 KERNELS: dict[str, Callable[..., mx.array] | None] = {

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.batching.drafts import dflash_logits
 from toolflash.engine.factory import build_engine
 from toolflash.engine.session import GenerationSession, dflash_proposal

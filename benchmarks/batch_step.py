@@ -26,8 +26,8 @@ from typing import Any
 
 import mlx.core as mx
 from concurrent_engine import requests
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.api import TokenEvent
 from toolflash.engine.batching.batcher import EngineBatcher
 from toolflash.engine.factory import build_engine

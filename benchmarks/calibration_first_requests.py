@@ -31,8 +31,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_workload import balanced_orders, build_workload, class_name, generate  # noqa: E402
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.policy.adaptive import AdaptivePolicy  # noqa: E402
 from toolflash.policy.config import PolicyConfig  # noqa: E402
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolflash.blas import ensure_optimized_blas_for_script
+from script_env import ensure_optimized_blas_for_script
+
 from toolflash.engine.api import GenerationRequest, Mode, OutputConstraint, ToolSpec
 from toolflash.engine.choosers import GreedyChooser
 from toolflash.engine.constraints import constraint_processors

@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 import mlx.core as mx
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.drafter import DFlashDrafter, DraftConfig
 from toolflash.engine.session import GenerationSession
 from toolflash.engine.targets.qwen3 import Qwen3Target

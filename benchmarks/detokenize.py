@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from script_env import ensure_optimized_blas_for_script
 from transformers import AutoTokenizer
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.stops import visible_text
 from toolflash.engine.text import TextTracker
 

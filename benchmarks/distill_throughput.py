@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import blas_in_use, ensure_optimized_blas_for_script
+from toolflash.blas import blas_in_use
 from toolflash.engine.factory import load_target
 from toolflash.training.batched import batched_continuations, default_prefill_group
 from toolflash.training.generation import generate

@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toolflash.blas import ensure_optimized_blas_for_script
+from script_env import ensure_optimized_blas_for_script
+
 from toolflash.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -46,9 +46,9 @@ from typing import Any
 import httpx
 import sse_socket_client
 import uvicorn
+from script_env import ensure_optimized_blas_for_script
 from starlette.applications import Starlette
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.api import (
     Engine,
     FinishEvent,

@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from script_env import ensure_optimized_blas_for_script
 from upstream_overhead import package_at
-
-from toolflash.blas import ensure_optimized_blas_for_script
 
 SCRIPT = Path(__file__).with_name("gateway_overhead.py")
 FIGURES = (

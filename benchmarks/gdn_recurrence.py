@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 import mlx.core as mx
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.kernels import gated_delta
 
 # (key heads, value heads, key dim, value dim) of the GatedDeltaNet layers.

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

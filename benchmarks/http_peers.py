@@ -69,8 +69,8 @@ from http_peers_report import (  # the script's folder is on sys.path
     parse_stream,
     summarize,
 )
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,8 +26,8 @@ from typing import Any
 
 import gateway_overhead as g
 import sse_socket_client
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.api import Engine, FinishEvent, GenerationRequest, SamplingParams
 from toolflash.engine.factory import build_engine
 from toolflash.gateway import worker as worker_module

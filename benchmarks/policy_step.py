@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.api import CycleRecord, GenerationStats
 from toolflash.policy.adaptive import AdaptivePolicy
 from toolflash.policy.config import PolicyConfig

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.factory import build_engine
 from toolflash.engine.session import GenerationSession
 

@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from openai import OpenAI
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.registry import EMBEDDED_MODEL
 from toolflash.ports import free_port
 

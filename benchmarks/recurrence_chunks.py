@@ -18,8 +18,8 @@ from unittest import mock
 
 import mlx.core as mx
 from cycle_costs import SHAPES
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.kernels import gated_delta
 
 

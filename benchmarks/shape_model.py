@@ -25,8 +25,8 @@ from typing import Any
 import mlx.core as mx
 from cycle_costs import SHAPES, build_drafter, build_target, qwen3_config, qwen35_config
 from mlx.utils import tree_flatten
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.draft_loading import save_draft
 
 TOKENIZER = Path(__file__).resolve().parent.parent / "toolflash/assets/tiny/qwen3-tiny"

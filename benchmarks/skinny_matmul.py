@@ -14,8 +14,7 @@ import statistics
 import time
 
 import mlx.core as mx
-
-from toolflash.blas import ensure_optimized_blas_for_script
+from script_env import ensure_optimized_blas_for_script
 
 
 def per_call_ms(x: mx.array, w: mx.array, calls: int = 50) -> float:

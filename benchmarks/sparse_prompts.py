@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolflash.blas import ensure_optimized_blas_for_script
+from script_env import ensure_optimized_blas_for_script
+
 from toolflash.zoo import stdlib_source as stdlib
 from toolflash.zoo.dialogues import dialogue
 

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from script_env import ensure_optimized_blas_for_script
 from sparse_prompts import DATA, load_prompts  # noqa: E402
 
 from toolflash.bench import machine_info  # noqa: E402
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.cache.prefix_cache import CacheConfig  # noqa: E402
 from toolflash.engine.api import FinishEvent, GenerationRequest, TokenEvent  # noqa: E402
 from toolflash.engine.sparse import SparsePrefill  # noqa: E402

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.engine.api import GenerationRequest, TokenEvent
 from toolflash.engine.factory import build_engine
 

@@ -38,10 +38,10 @@ from typing import Any
 import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from script_env import ensure_optimized_blas_for_script
 from sparse_prompts import _material, build_prompt  # noqa: E402
 
 from toolflash.bench import machine_info  # noqa: E402
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.cache.prefix_cache import CacheConfig, PrefixCache  # noqa: E402
 from toolflash.cache.state import SessionState  # noqa: E402
 from toolflash.engine.api import FinishEvent, GenerationRequest  # noqa: E402

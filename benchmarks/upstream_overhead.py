@@ -41,8 +41,8 @@ from typing import Any
 
 import httpx
 import tomllib
+from script_env import ensure_optimized_blas_for_script
 
-from toolflash.blas import ensure_optimized_blas_for_script
 from toolflash.ports import free_port
 
 CANNED = textwrap.dedent(
