@@ -367,7 +367,13 @@ class GenerationSession:
         if self.ar_forced_limit > 0:
             proposal = self.chooser.forced(self.ar_forced_limit)
             if proposal is not None:
-                self.drain()  # a forward queued ahead fed the staged token alone
+                ahead, since = self._ahead, self._ahead_since
+                if ahead is not None and ahead.choice is None:
+                    # Queued before the run was known: it fed the staged token, the run goes
+                    # after it (the rows of both forwards choose as one jump-forward's).
+                    self._ahead = self._ahead_since = None
+                    return verify_after_ahead(self, ahead, since, proposal, stop_check, t0, "ar")
+                self.drain()
                 return self._ar_forced_run(proposal, stop_check, t0)
         current = self._ahead
         if current is None:

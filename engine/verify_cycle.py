@@ -109,11 +109,13 @@ def verify_after_ahead(
     proposal: Proposal,
     stop_check: StopCheck,
     t0: float,
+    mode: Mode = "lookup",
 ) -> StepResult:
     """A lookup cycle on top of the queued AR forward `ahead` (which fed the staged token,
     queued at `since`): feed the continuation after it and verify against both forwards'
     rows, so the forward queued while no continuation was known is not wasted when one
-    appears."""
+    appears. `mode` "ar": the continuation is a grammar-forced run that AR takes after a
+    forward queued before the run was known (recorded as AR's jump-forward: nothing drafted)."""
     draft = proposal.tokens
     res = session.target.forward(
         draft[None].astype(mx.int32),
@@ -139,17 +141,18 @@ def verify_after_ahead(
     session.tokens.extend(committed)
     session.chooser.commit(committed)
     t3 = time.perf_counter()
-    drafted = int(draft.shape[0])
+    fed = int(draft.shape[0])
+    drafted, accepted = (0, 0) if mode == "ar" else (fed, verdict.accepted)
     return session.record_step(
-        "lookup",
-        drafted + 1,
+        mode,
+        fed + 1,
         drafted,
-        verdict.accepted,
+        accepted,
         committed,
         end,
         0.0,
         t2 - (since if since is not None else t0),
         t3 - t2,
         session.logprobs_of(rows, committed),
-        forced=drafted if proposal.forced else 0,
+        forced=fed if proposal.forced else 0,
     )
