@@ -91,10 +91,9 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-def qwen3_config(shape: dict[str, Any]) -> dict[str, Any]:
-    """The HF-style config of a qwen3-family shape (what mlx-lm's loader reads)."""
+def _decoder_config(shape: dict[str, Any]) -> dict[str, Any]:
+    """The decoder keys both families' configs share."""
     return {
-        "model_type": "qwen3",
         "hidden_size": shape["hidden"],
         "num_hidden_layers": shape["layers"],
         "intermediate_size": shape["inter"],
@@ -104,31 +103,26 @@ def qwen3_config(shape: dict[str, Any]) -> dict[str, Any]:
         "rms_norm_eps": 1e-6,
         "vocab_size": shape["vocab"],
         "max_position_embeddings": 40960,
-        "rope_theta": 1e6,
         "tie_word_embeddings": False,
     }
+
+
+def qwen3_config(shape: dict[str, Any]) -> dict[str, Any]:
+    """The HF-style config of a qwen3-family shape (what mlx-lm's loader reads)."""
+    return {"model_type": "qwen3", **_decoder_config(shape), "rope_theta": 1e6}
 
 
 def qwen35_config(shape: dict[str, Any]) -> dict[str, Any]:
     """The config of a hybrid (qwen3_5-family) shape, as mlx-lm's loader reads it."""
     text = {
         "model_type": "qwen3_5_text",
-        "hidden_size": shape["hidden"],
-        "intermediate_size": shape["inter"],
-        "num_hidden_layers": shape["layers"],
-        "num_attention_heads": shape["heads"],
-        "num_key_value_heads": shape["kv"],
-        "head_dim": shape["head_dim"],
-        "rms_norm_eps": 1e-6,
-        "vocab_size": shape["vocab"],
-        "max_position_embeddings": 40960,
+        **_decoder_config(shape),
         "linear_num_value_heads": shape["lin_v_heads"],
         "linear_num_key_heads": shape["lin_k_heads"],
         "linear_key_head_dim": shape["lin_k_dim"],
         "linear_value_head_dim": shape["lin_v_dim"],
         "linear_conv_kernel_dim": 4,
         "full_attention_interval": shape.get("attention_interval", 4),
-        "tie_word_embeddings": False,
     }
     return {"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": False}
 

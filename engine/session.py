@@ -364,7 +364,8 @@ class GenerationSession:
         self, stop_check: StopCheck, lookahead: bool = False, mode: Mode = "ar"
     ) -> StepResult:
         t0 = time.perf_counter()
-        if self.ar_forced_limit > 0:
+        # Only processors that follow the output force runs: nothing to ask otherwise.
+        if self.ar_forced_limit > 0 and self.chooser.follows_output:
             proposal = self.chooser.forced(self.ar_forced_limit)
             if proposal is not None:
                 ahead, since = self._ahead, self._ahead_since

@@ -26,17 +26,27 @@ def engine_thread() -> threading.Thread:
     return next(t for t in threading.enumerate() if t.name == "toolflash-engine")
 
 
+def loop_nice(server: object) -> int:
+    """The nice value of the serving event loop's thread (read on that thread)."""
+    seen: dict[str, int] = {}
+
+    def probe() -> None:  # runs on the loop's thread: the lifespan lowered it there
+        seen["loop"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    server.servers[0].get_loop().call_soon_threadsafe(probe)  # type: ignore[attr-defined]
+    for _ in range(200):
+        if "loop" in seen:
+            break
+        threading.Event().wait(0.01)
+    return seen["loop"]
+
+
 @linux
 @pytest.mark.parametrize("steps", [0, 3])
 def test_the_loop_runs_steps_below_the_engine(steps: int) -> None:
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     if base + 3 > 19:
         pytest.skip("already at the lowest priority")
-    seen: dict[str, int] = {}
-
-    def probe() -> None:  # runs on the loop's thread: the lifespan lowered it there
-        seen["loop"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
     with serve(config=GatewayConfig(loop_nice=steps)) as s:
         r = httpx.post(
             f"{s.v1}/chat/completions",
@@ -45,12 +55,8 @@ def test_the_loop_runs_steps_below_the_engine(steps: int) -> None:
         )
         assert r.status_code == 200
         assert nice_of(engine_thread()) == base
-        s.server.servers[0].get_loop().call_soon_threadsafe(probe)  # type: ignore[attr-defined]
-        for _ in range(200):
-            if "loop" in seen:
-                break
-            threading.Event().wait(0.01)
-    assert seen["loop"] == base + steps
+        loop = loop_nice(s.server)
+    assert loop == base + steps
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # not the process
 
 
@@ -78,15 +84,6 @@ def test_unset_lowers_the_loop_on_a_two_core_cpu(monkeypatch: pytest.MonkeyPatch
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     if base + AUTO_LOOP_NICE > 19:
         pytest.skip("already near the lowest priority")
-    seen: dict[str, int] = {}
-
-    def probe() -> None:
-        seen["loop"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
     with serve(config=GatewayConfig()) as s:
-        s.server.servers[0].get_loop().call_soon_threadsafe(probe)  # type: ignore[attr-defined]
-        for _ in range(200):
-            if "loop" in seen:
-                break
-            threading.Event().wait(0.01)
-    assert seen["loop"] == base + AUTO_LOOP_NICE
+        loop = loop_nice(s.server)
+    assert loop == base + AUTO_LOOP_NICE
