@@ -9,8 +9,10 @@ anything: acceptance, text and end-of-turn do not. The tokenizer and chat templa
 embedded tiny family's; the folder keeps the real vocabulary size (the lm_head's cost is part
 of the shape), so generated ids beyond the tokenizer decode to nothing. `--draft-out` also writes
 a random DFlash drafter of the published drafts' shape (5 layers, block 16, z-lab format), for
-the batching benchmarks' speculative rows (acceptance is noise: time per step only). Benchmarks that read
-text should stop by length (EOS ignored). The shapes are `cycle_costs.SHAPES`.
+the batching benchmarks' speculative rows (acceptance is noise: time per step only). `--bits 4`
+quantizes the target as mlx-lm's converter does (affine, group 64): what most MLX users serve,
+and a different matmul path (quantized kernels, not GEMM) for the batching figures. Benchmarks
+that read text should stop by length (EOS ignored). The shapes are `cycle_costs.SHAPES`.
 """
 
 from __future__ import annotations
@@ -50,11 +52,15 @@ def config_for(shape: dict[str, Any], dtype: str) -> dict[str, Any]:
     return {"architectures": [arch], **config, "eos_token_id": 2, "torch_dtype": dtype}
 
 
-def write(shape_name: str, out: Path, dtype: str) -> Path:
+def write(shape_name: str, out: Path, dtype: str, bits: int | None = None) -> Path:
     shape = SHAPES[shape_name]
     config = config_for(shape, dtype)
     mx.random.seed(0)
     model = build_target(shape, DTYPES[dtype]).model
+    if bits is not None:
+        from mlx_lm.utils import quantize_model
+
+        model, config = quantize_model(model, config, group_size=64, bits=bits)
     out.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
@@ -69,10 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--bits", type=int, default=None, choices=(4, 8), help="quantize the target")
     p.add_argument("--draft-out", type=Path, default=None, help="also write a random drafter here")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    write(args.shape, args.out, args.dtype)
+    write(args.shape, args.out, args.dtype, args.bits)
     if args.draft_out is not None:
         drafter = build_drafter(SHAPES[args.shape], 5, 16, DTYPES[args.dtype])
         save_draft(drafter, args.draft_out)

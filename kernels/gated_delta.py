@@ -79,12 +79,13 @@ def recurrence_ops(
 
 # Tokens per closed-form chunk: a verify block (at most CHUNK) is one; longer inputs (prefill)
 # loop over longer chunks, by device. Fewer chunks are fewer dependent steps of a dozen small
-# kernels each, which a GPU launches at more cost than their work; a chunk of C costs C^2 terms
-# and log2(C) squarings, which the CPU pays in compute. Chosen by `benchmarks/recurrence_chunks.py`
-# (on an H100 128 ran a hybrid 9B layer ~5x faster than 16; on the CPU 32 was the fastest).
+# kernels each, which a GPU launches at more cost than their work; a long chunk costs C^2 terms
+# and merges of CHUNK blocks (`_unit_lower_inverse`), which the CPU pays in compute. Chosen by
+# `benchmarks/recurrence_chunks.py` (a hybrid 9B layer on an H100: 256 ~7x faster than 16; on
+# the CPU 32 and 64 tie, and the shorter keeps float32 closer to the step-by-step rule).
 CHUNK = 16
 LONG_CHUNK_CPU = 32
-LONG_CHUNK_GPU = 128
+LONG_CHUNK_GPU = 256
 
 
 def chunk_length(tokens: int, long_chunk: int) -> int:
@@ -229,10 +230,15 @@ def _chunk_core(
 
 
 def _unit_lower_solve(a: mx.array, rhs: mx.array) -> mx.array:
-    """(I + A)^-1 rhs for strictly lower-triangular A [..., C, C]: A is nilpotent, so the
-    inverse is the finite series I - A + A^2 - ..., which the product
-    (I - A)(I + A^2)(I + A^4)... reaches in log2(C) matmul pairs (no triangular solver,
-    which MLX only has on the CPU)."""
+    """(I + A)^-1 rhs for strictly lower-triangular A [..., C, C]."""
+    return _unit_lower_inverse(a) @ rhs
+
+
+def _series_inverse(a: mx.array) -> mx.array:
+    """(I + A)^-1 for strictly lower-triangular A: A is nilpotent, so the inverse is the
+    finite series I - A + A^2 - ..., which the product (I - A)(I + A^2)(I + A^4)... reaches in
+    log2(C) matmul pairs (no triangular solver, which MLX only has on the CPU). Its terms grow
+    like binomials in C before they cancel, so it is exact in float32 only for small blocks."""
     c = a.shape[-1]
     eye = mx.eye(c, dtype=a.dtype)
     inverse = eye - a
@@ -241,7 +247,43 @@ def _unit_lower_solve(a: mx.array, rhs: mx.array) -> mx.array:
         power = power @ power
         inverse = inverse @ (eye + power)
         reach *= 2
-    return inverse @ rhs
+    return inverse
+
+
+def _unit_lower_inverse(a: mx.array) -> mx.array:
+    """(I + A)^-1 for strictly lower-triangular A [..., C, C]. Up to CHUNK the series; longer,
+    the series on diagonal blocks of CHUNK, merged pairwise into blocks twice as long with
+    [[L11, 0], [L21, L22]]^-1 = [[L11^-1, 0], [-L22^-1 L21 L11^-1, L22^-1]], which only
+    multiplies inverses (bounded: the delta rule contracts) and never forms a long series.
+    (The series over 32 tokens of one repeated key already overflows float32.)"""
+    c = a.shape[-1]
+    if c <= CHUNK:
+        return _series_inverse(a)
+    size = CHUNK
+    while size < c:
+        size *= 2
+    lead = a.shape[:-2]
+    if size > c:  # zero rows and columns: identity blocks that the merges carry along
+        a = mx.pad(a, [(0, 0)] * len(lead) + [(0, size - c), (0, size - c)])
+    block = CHUNK
+    m = size // block
+    grid = a.reshape(*lead, m, block, m, block)
+    # [..., m, b, b]: the diagonal blocks' inverses.
+    inv = _series_inverse(mx.moveaxis(mx.diagonal(grid, 0, -4, -2), -1, -3))
+    while block < size:
+        # The blocks just below the diagonal, pair by pair: L21 of each merged block.
+        below = mx.moveaxis(mx.diagonal(grid, -1, -4, -2), -1, -3)[..., ::2, :, :]
+        first, second = inv[..., ::2, :, :], inv[..., 1::2, :, :]
+        corner = -(second @ below @ first)
+        zeros = mx.zeros_like(first)
+        inv = mx.concatenate(
+            [mx.concatenate([first, zeros], -1), mx.concatenate([corner, second], -1)], -2
+        )
+        block *= 2
+        m //= 2
+        grid = a.reshape(*lead, m, block, m, block)
+    inverse = inv[..., 0, :, :]
+    return inverse[..., :c, :c]
 
 
 _backend: RecurrenceFn = recurrence_chunked

@@ -67,6 +67,27 @@ def test_each_devices_long_chunks_match_the_reference(
         assert mx.allclose(states[t], states_ref[t], atol=1e-5).item()
 
 
+@pytest.mark.parametrize("chunk", [32, 64, gated_delta.LONG_CHUNK_CPU, gated_delta.LONG_CHUNK_GPU])
+def test_long_chunks_stay_exact_on_a_repeated_key(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run of one token (indentation, a repeated line) repeats its key: with decays near 1
+    # the chunk's system is far from the identity, and the series inverse over 32 such
+    # steps overflowed float32 (NaN by 64) where the step-by-step rule stays bounded.
+    monkeypatch.setattr(gated_delta, "long_chunk", lambda: chunk)
+    q, k, v, _, _, s0 = _inputs(300, 2, 4, 32, 32)
+    key = k[:, :1] + 0.05 * k  # one key, slightly perturbed per step
+    k = key / mx.linalg.norm(key, axis=-1, keepdims=True)
+    g = mx.full((1, 300, 4), 0.999)
+    beta = mx.full((1, 300, 4), 0.95)
+    y_ref, states_ref = gated_delta.recurrence_ops(q, k, v, g, beta, s0, True)
+    y, states = gated_delta.recurrence_chunked(q, k, v, g, beta, s0, True)
+    # float32 on a near-degenerate system: up to ~8e-4 at every chunk length, 16 included.
+    assert mx.allclose(y, y_ref, atol=2e-3).item()
+    for t in (chunk - 1, 299):
+        assert mx.allclose(states[t], states_ref[t], atol=2e-3).item()
+
+
 def test_chunked_survives_decays_that_underflow() -> None:
     # g == 0 wipes the state: log-space decays must not turn into 0/0.
     q, k, v, g, beta, s0 = _inputs(16, 2, 2, 16, 16)
