@@ -2,7 +2,8 @@
 # On the device, after scripts/device_install.sh install: the H200 figures of the speed (#25),
 # long-prompt (#28) and batching (#31) issues on a random-weight target of a real shape.
 #   bash scripts/device_bench.sh [shape] [what...]
-#   (what: ar spec context chunks prefill recurrence batch step spec-step drafts forward matmul;
+#   (what: ar spec context chunks prefill recurrence recurrence-prefill batch step spec-step
+#    drafts forward matmul;
 #    default ar chunks prefill batch)
 # Reports land in $OUT (the device tool brings them back) or ./device_out.
 # Shapes: benchmarks/cycle_costs.py SHAPES (qwen3-8b, qwen3.5-9b the hybrid, ...). prefill reads
@@ -54,6 +55,10 @@ for w in $what; do
     recurrence)  # a hybrid shape's GatedDeltaNet recurrence over 4096 tokens by chunk length
       timeout 240 python3 benchmarks/recurrence_chunks.py --shape "$shape" --tokens 4096 \
         --chunks 16,32,64,128,256 --json "$out/h200_recurrence_chunks_$tag.json" 2>&1 ;;
+    recurrence-prefill)  # a hybrid shape's dense TTFT by the recurrence's long chunk (no mlx-lm)
+      timeout 300 python3 benchmarks/prefill_recurrence_chunks.py --model "$model" \
+        --lengths 4096,16384 --chunks 64,128,256 \
+        --json "$out/h200_prefill_recurrence_chunks_$tag.json" 2>&1 | grep -v "\[debug" ;;
     chunks)  # dense prefill per chunk size, toolflash's session against mlx-lm's model
       timeout 240 python3 benchmarks/prefill_chunks.py --model "$model" --length 16384 \
         --chunks 512,2048,4096 --repeats 3 --json "$out/h200_prefill_chunks_$tag.json" \
