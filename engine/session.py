@@ -252,7 +252,7 @@ class GenerationSession:
         proposal = self._take_prepared("lookup", block_size) or self._lookup_proposal(block_size)
         if proposal is None:
             return self._ar_step(stop_check, lookahead, "lookup")
-        if self._ahead is not None and self._ahead.choice is not None:
+        if self._ahead is not None:  # its choice deferred or not: the verify chooses again
             ahead, since = self._ahead, self._ahead_since
             self._ahead = self._ahead_since = None
             return verify_after_ahead(self, ahead, since, proposal, stop_check, t0)

@@ -255,3 +255,32 @@ def test_a_chooser_that_follows_the_output_pipelines_losslessly(pair: Any) -> No
     session.step("ar", 8, never, lookahead=True)
     ahead = session._ahead
     assert ahead is not None and ahead.choice is None  # queued, its choice deferred
+
+
+def test_lookup_after_a_deferred_forward_verifies_after_it(
+    pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lookup steps with processors that follow the output: a continuation found after a
+    forward queued with its choice deferred is fed after that forward (its row chooses the
+    first token) instead of the forward being undone; the tokens equal host-chosen AR's."""
+    import toolflash.engine.session as session_module
+
+    target, drafter = pair
+    plain = decode(
+        target, drafter, ["ar"] * N_OUT, False, chooser=GreedyChooser([_FollowsOutput()])
+    )
+    calls: list[tuple[bool, str]] = []
+    verify_after_ahead = session_module.verify_after_ahead
+
+    def spy(session: Any, ahead: Any, *args: Any) -> Any:
+        calls.append((ahead.choice is None, args[4] if len(args) > 4 else "lookup"))
+        return verify_after_ahead(session, ahead, *args)
+
+    monkeypatch.setattr(session_module, "verify_after_ahead", spy)
+    session = GenerationSession(target, drafter, chooser=GreedyChooser([_FollowsOutput()]))
+    session.prefill(PROMPT)
+    while len(session.tokens) < len(plain.tokens):
+        session.step("lookup", 8, never, lookahead=True)
+    session.drain()
+    assert session.tokens[: len(plain.tokens)] == plain.tokens
+    assert (True, "lookup") in calls  # a continuation went after a deferred forward
