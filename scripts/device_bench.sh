@@ -7,7 +7,8 @@
 #    default ar chunks prefill batch)
 # Reports land in $OUT (the device tool brings them back) or ./device_out.
 # Shapes: benchmarks/cycle_costs.py SHAPES (qwen3-8b, qwen3.5-9b the hybrid, ...). prefill reads
-# TTFT_LENGTHS and TTFT_REPEATS (mlx-lm's hybrid recurrence on CUDA runs token by token: keep
+# TTFT_LENGTHS and TTFT_REPEATS (mlx-lm's hybrid recurrence on CUDA runs token by token, ~1.4 ms
+# a token for the 9B: a hybrid shape defaults to 4096 tokens, and 16384 needs minutes a run: keep
 # its lengths short).
 # SHAPE_BITS=4 (or 8) quantizes the target as mlx-lm's converter does (reports named *-q4).
 # TOOLFLASH_COMPOSED_ATTENTION=0 gives verify and draft blocks MLX's fused attention (cuDNN,
@@ -46,10 +47,11 @@ for w in $what; do
         --lengths 200,1000,3000 --json "$out/h200_spec_cycle_context_$tag$ab.json" \
         2>&1 | grep -v "\[debug" ;;
     prefill|prefill-*)  # dense (and sparse) prefill against mlx-lm; prefill-N: engine chunk N
+      case $shape in *.5-*) default_lengths=4096 ;; *) default_lengths=4096,16384 ;; esac
       chunk=${w#prefill}; chunk=${chunk#-}
       name=$out/h200_ttft_$tag${chunk:+_chunk$chunk}
       timeout 300 python3 benchmarks/ttft_long_prompts.py --model "$model" \
-        --lengths "${TTFT_LENGTHS:-4096,16384}" --keeps 0.5 --repeats "${TTFT_REPEATS:-3}" \
+        --lengths "${TTFT_LENGTHS:-$default_lengths}" --keeps 0.5 --repeats "${TTFT_REPEATS:-3}" \
         --prefill-chunk "${chunk:-0}" --partial "${name}_partial.json" --json "$name.json" \
         2>&1 | grep -v "\[debug" ;;
     recurrence)  # a hybrid shape's GatedDeltaNet recurrence over 4096 tokens by chunk length
