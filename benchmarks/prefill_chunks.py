@@ -22,13 +22,17 @@ from toolflash.engine.session import GenerationSession
 
 
 def mlx_lm_prefill(model: Any, ids: list[int], chunk: int) -> float:
+    """mlx-lm's model fed `chunk` tokens at a time, evaluated as `generate_step` evaluates its
+    prefill: the cache after each chunk, the logits only after the last one (a slice of the
+    logits is still the whole lm_head over the chunk, which generate_step never asks for)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
     t0 = time.perf_counter()
     for pos in range(0, len(ids), chunk):
         logits = model(mx.array([ids[pos : pos + chunk]]), cache=cache)
-        mx.eval(logits[:, -1], [c.state for c in cache])
+        last = [logits[:, -1]] if pos + chunk >= len(ids) else []
+        mx.eval(last, [c.state for c in cache])
     return time.perf_counter() - t0
 
 
