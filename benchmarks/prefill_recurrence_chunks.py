@@ -1,6 +1,6 @@
 """A hybrid target's dense time to first token by the GatedDeltaNet recurrence's long chunk
-(`kernels.gated_delta.long_chunk`), the chunk lengths alternating in one process on the same
-prompts (prefix cache off), first tokens compared:
+(`kernels.gated_delta.long_chunk`, patched as `recurrence_chunks.py` does), the chunk lengths
+alternating in one process on the same prompts (prefix cache off), first tokens compared:
 
     python benchmarks/prefill_recurrence_chunks.py --model DIR --lengths 4096,16384 --chunks 128,256
 
@@ -15,6 +15,7 @@ import random
 import statistics
 import sys
 from pathlib import Path
+from unittest import mock
 
 import mlx.core as mx
 from script_env import ensure_optimized_blas_for_script
@@ -24,11 +25,6 @@ from ttft_long_prompts import long_prompt, toolflash_ttft
 from toolflash.cache.prefix_cache import CacheConfig
 from toolflash.engine.factory import build_engine
 from toolflash.kernels import gated_delta
-
-
-def use_chunk(chunk: int) -> None:
-    """Every long input on this device runs chunks of `chunk` tokens from now on."""
-    gated_delta.LONG_CHUNK_CPU = gated_delta.LONG_CHUNK_GPU = chunk
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,14 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     code, _ = _material(rng)
     prompts = {n: long_prompt(engine, n, rng, code)[0] for n in lengths}
     for chunk in chunks:  # warm-up: each chunk length's kernels once
-        use_chunk(chunk)
-        toolflash_ttft(engine, prompts[lengths[0]][:1024], None, None)
+        with mock.patch.object(gated_delta, "long_chunk", lambda c=chunk: c):
+            toolflash_ttft(engine, prompts[lengths[0]][:1024], None, None)
     runs: dict[str, list[tuple[float, int]]] = {}
     for rep in range(args.repeats):
         for n in lengths:
             for chunk in chunks if rep % 2 == 0 else chunks[::-1]:
-                use_chunk(chunk)
-                ttft, _, token, _, _ = toolflash_ttft(engine, prompts[n], None, None)
+                with mock.patch.object(gated_delta, "long_chunk", lambda c=chunk: c):
+                    ttft, _, token, _, _ = toolflash_ttft(engine, prompts[n], None, None)
                 runs.setdefault(f"{n}/{chunk}", []).append((ttft, token))
                 print(f"rep {rep} {n} tokens, chunk {chunk}: {ttft:.3f} s", flush=True)
                 mx.clear_cache()

@@ -369,9 +369,9 @@ class GenerationSession:
             proposal = self.chooser.forced(self.ar_forced_limit)
             if proposal is not None:
                 ahead, since = self._ahead, self._ahead_since
-                if ahead is not None and ahead.choice is None:
-                    # Queued before the run was known: it fed the staged token, the run goes
-                    # after it (the rows of both forwards choose as one jump-forward's).
+                if ahead is not None:
+                    # Queued before the run was known (its choice deferred): it fed the staged
+                    # token, the run goes after it (both forwards' rows choose as one jump).
                     self._ahead = self._ahead_since = None
                     return verify_after_ahead(self, ahead, since, proposal, stop_check, t0, "ar")
                 self.drain()

@@ -10,7 +10,7 @@ Two implementations return the same values:
 - `recurrence_chunked`, the default for more than one token: the chunkwise form of the gated
   delta rule (the "WY" form of DeltaNet's chunked training kernels), a handful of batched
   matmuls per chunk (`chunk_length`: a verify block is one, prefill takes 32 tokens at a
-  time on the CPU, 128 on a GPU); each step's state is one more matmul, built lazily, so a
+  time on the CPU, 256 on a GPU); each step's state is one more matmul, built lazily, so a
   rollback computes only the state it keeps.
 
 A fused Metal/CUDA kernel can replace `recurrence` behind `set_backend` as long as it returns
@@ -224,14 +224,9 @@ def _chunk_core(
     s0_t = s0.swapaxes(-1, -2)  # [B,H,Dk,Dv]
     a = mx.where(before, decay, 0.0) * (k @ k.swapaxes(-1, -2)) * beta[..., None]
     rhs = beta[..., None] * (v - gain * (k @ s0_t))
-    u = _unit_lower_solve(a, rhs)
+    u = _unit_lower_inverse(a) @ rhs
     y = gain * (q @ s0_t) + (decay * (q @ k.swapaxes(-1, -2))) @ u
     return y, u, decay, gain
-
-
-def _unit_lower_solve(a: mx.array, rhs: mx.array) -> mx.array:
-    """(I + A)^-1 rhs for strictly lower-triangular A [..., C, C]."""
-    return _unit_lower_inverse(a) @ rhs
 
 
 def _series_inverse(a: mx.array) -> mx.array:
