@@ -320,9 +320,10 @@ class RequestTrials:
 
     def opening_candidate(self, rule: SpanRule, span: str, arm: Arm) -> Arm | None:
         """The spec arm to open `span` with (at `opening_block`), where the class chose AR and
-        an opening is on and judgeable (AR and the cycle time measured; no grammar-forced runs,
-        which one drafted cycle cannot judge). The backoff is asked apart (`allowed_opening`): a
-        read must not consume its chances."""
+        an opening is on, judgeable (AR and the cycle time measured; no grammar-forced runs,
+        which one drafted cycle cannot judge) and winnable (a cycle committing its whole block
+        would beat AR). The backoff is asked apart (`allowed_opening`): a read must not consume
+        its chances."""
         if not self.explore.opening_probe or arm != AR or rule.mode != "adaptive":
             return None
         reads = self.host.reads
@@ -333,9 +334,15 @@ class RequestTrials:
         block = max(a[1] for a in spec)
         if self.explore.opening_block == "best":
             block = self.host.best_block(span)
-        if not reads.throughput(AR, span).known or reads.has_forced_runs(span):
+        ar = reads.throughput(AR, span)
+        if not ar.known or reads.has_forced_runs(span):
             return None
-        if reads.cycle_seconds(block) is None:
+        cycle_s = reads.cycle_seconds(block)
+        if cycle_s is None:
+            return None
+        # A cycle that commits its whole block must be able to win the verdict, else the
+        # opening is a sure loss (a 4-bit target on a CPU: a cycle of 4 costs ~8 AR steps).
+        if decide.local_verdict(block, cycle_s, ar.tps, rule.switch_margin) != "spec":
             return None
         return ("spec", block)
 

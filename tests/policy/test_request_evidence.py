@@ -81,13 +81,13 @@ def test_opening_backoff_frees_two_losses_then_doubles() -> None:
     assert bo.ask(("m", "other", "text"))  # per scope
 
 
-def _learn_ar_class(pol, steps: int = 40) -> None:  # type: ignore[no-untyped-def]
-    """The tool-result class: spec accepts 0 tokens per 10 ms cycle, AR 4 ms per token."""
+def _learn_ar_class(pol, steps: int = 40, cycle_s: float = 0.010) -> None:  # type: ignore[no-untyped-def]
+    """The tool-result class: spec accepts 0 tokens per `cycle_s` cycle, AR 4 ms per token."""
     pol.model("m").estimates.observe_ar("m", 0.004, 300)
     ctrl = pol.controller_for("m", TOOL_RESULT, False)
     decision = ctrl.start(300, 8)
     for i in range(steps):
-        rec = spec_record(i, 8, 0, 0.010) if decision.mode == "spec" else ar_record(i, 0.004)
+        rec = spec_record(i, 8, 0, cycle_s) if decision.mode == "spec" else ar_record(i, 0.004)
         decision = ctrl.after_step(rec, [0] * rec.committed, "word ")
     assert decision.mode == "ar"
 
@@ -147,6 +147,18 @@ def test_prepared_starts_decide_as_unprepared_ones(tmp_path: Path) -> None:
     assert runs[True] == runs[False]
     kinds = [k for k, _ in runs[True]]
     assert kinds == ["opening", "opening", "opening", "start", "opening", "start", "start"]
+
+
+def test_no_opening_where_a_whole_block_could_not_beat_ar(tmp_path: Path) -> None:
+    """A cycle of 8 at 40 ms commits at most 200 tok/s against AR's 250: an opening could only
+    lose (a quantized target on a CPU, whose verify costs many AR steps), so none is run."""
+    pol = policy(tmp_path, "exploration: {budget_per_request: 0}\n")
+    _learn_ar_class(pol, cycle_s=0.040)
+    for _ in range(3):
+        ctrl = pol.controller_for("m", TOOL_RESULT, False)
+        decision = ctrl.start(300, 8)
+        assert decision.mode == "ar" and ctrl.decisions[-1]["kind"] == "start"
+        assert ctrl.openings == 0
 
 
 def test_opening_probe_off_by_config(tmp_path: Path) -> None:
