@@ -216,9 +216,11 @@ def start_rank(t: Throughput, caution: float) -> float:
 
 def could_win(bound: Throughput | None, best: Throughput, rule: SpanRule) -> bool:
     """Whether spec at a block could beat `best` at all. A cycle costs at least one AR step (a
-    target forward of the block, plus the draft), so spec is bounded by its measured tau x AR
-    tok/s (`bound`, with forced runs mixed in; None when either is unknown). Where tau is that
-    low, probing the block is pure loss."""
+    target forward of the block, plus the draft) and commits at most its block, so spec is
+    bounded by its measured tau x AR tok/s and by the block over its measured cycle time
+    (`bound`, with forced runs mixed in; None when neither is known). Where tau is that low, or
+    a cycle that dear (a quantized target on a CPU: a verify of 16 costs ~10 AR steps), probing
+    the block is pure loss."""
     if bound is None or not best.known:
         return True
     return bound.tps > best.tps * (1.0 + rule.switch_margin)

@@ -105,14 +105,21 @@ class StepReads:
         return self.estimate(arm, span)[0]
 
     def spec_bound(self, block: int, span: str) -> Throughput | None:
-        """Spec at `block` as if every cycle cost one AR step: measured tau x AR tok/s, forced
-        runs mixed in (None when either is unknown). See `decide.could_win`."""
+        """Spec at `block` at its best: every cycle as cheap as one AR step (measured tau x AR
+        tok/s) or as full as its block (`block` tokens per measured cycle), whichever is lower
+        of those known, forced runs mixed in (None when neither is). See `decide.could_win`."""
         est = self.fresh()
+        bounds = []
         tau = est.measured_tau(self.model_id, self.label, span, block)
         ar = est.ar(self.model_id, self.context)
-        if tau is None or not ar.known:
+        if tau is not None and ar.known:
+            bounds.append(tau * ar.tps)
+        cycle_s = est.cycle_seconds(self.model_id, block, self.context)
+        if cycle_s is not None:
+            bounds.append(block / cycle_s)
+        if not bounds:
             return None
-        bound = Throughput(tau * ar.tps, 0.0, 0.0)
+        bound = Throughput(min(bounds), 0.0, 0.0)
         return est.with_forced(self.model_id, self.label, span, block, bound)
 
     def measured_tau(self, span: str, block: int) -> float | None:

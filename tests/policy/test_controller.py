@@ -220,8 +220,10 @@ def test_decisions_are_published_in_order_when_the_request_finishes(tmp_path: Pa
     ctrl = pol.controller_for("m", TOOLS, False)
     with capture_logs() as logs:
         decision = ctrl.start(300, 8)
+        # A tool call from step 10 to 20: its span runs AR, then text spec again.
+        texts = {10: CALL[:20], 20: CALL[20:]}
         for i in range(60):
-            text = CALL if i == 10 else "word "
+            text = texts.get(i, "word ")
             rec = spec_record(i, 8, 5, 0.010) if decision.mode == "spec" else ar_record(i, 0.004)
             decision = ctrl.after_step(rec, [0] * rec.committed, text)
         assert not logs and counted() == before
