@@ -214,13 +214,15 @@ class ExploreSettings(_Strict):
     )
     skip_hopeless: bool = Field(
         default=True,
-        description="never probe a spec block whose measured tau x AR tok/s cannot win",
+        description="never probe a spec block that cannot win: its measured tau x AR tok/s, or its"
+        " block over its measured cycle time (a quantized target on a CPU: a verify of 16 costs"
+        " ~10 AR steps), within the switch margin of the best arm",
     )
     opening_probe: bool = Field(
         default=True,
         description="where the class says AR, open each request (and each span kind it enters)"
         " with one spec cycle and stay spec if this request's own acceptance beats AR (backs off"
-        " per class and span)",
+        " per class and span; none where a cycle committing its whole block could not)",
     )
     probe_verdict: Literal["class", "request"] = Field(
         default="class",
