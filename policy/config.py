@@ -220,10 +220,9 @@ class ExploreSettings(_Strict):
     )
     opening_probe: bool = Field(
         default=True,
-        description="where the class says AR, open each request (and each span kind it enters,"
-        " and a span a recheck moves off lookup onto AR) with one spec cycle and stay spec if"
-        " this request's own acceptance beats AR (backs off per class and span; none where a"
-        " cycle committing its whole block could not)",
+        description="where the class says AR, open each request (and each span kind it enters)"
+        " with one spec cycle and stay spec if this request's own acceptance beats AR (backs off"
+        " per class and span; none where a cycle committing its whole block could not)",
     )
     probe_verdict: Literal["class", "request"] = Field(
         default="class",

@@ -265,9 +265,8 @@ class PolicyController:
     def _recheck(self, span: str) -> ModeDecision:
         """Inside a span with no trial in flight: a retry where one is due; once the arm has
         settled (`min_dwell` steps), at each recheck: this request's own verdict where it has
-        one, then whether a known arm beats the current one outright (off lookup onto AR, with
-        the opening a request the class starts on AR gets), only then whether to probe
-        (probing while a measured arm is clearly faster would only delay the switch)."""
+        one, then whether a known arm beats the current one outright, only then whether to
+        probe (probing while a measured arm is clearly faster would only delay the switch)."""
         trials = self.trials
         rule = self.policy.rule(self.label, span)
         retry = trials.retry(span)
@@ -287,14 +286,6 @@ class PolicyController:
                 return self._set(*own, span)
             arm, reason, _ = self.choose(rule, span, self.arm)
             if arm != self.arm and not trials.overruled(arm, span):
-                # Off lookup onto AR (the class chose lookup; this request's own steps copy
-                # little): the request meets AR here only now, so it gets the opening it would
-                # have had had the class chosen AR (free chat, classed with code, which copies).
-                if self.arm[0] == "lookup" and arm == AR and span not in trials.opened:
-                    candidate = trials.opening_candidate(rule, span, arm)
-                    opening = trials.allowed_opening(span, candidate)
-                    if opening is not None and span not in trials.own_ar:
-                        return self._set(*trials.open(opening, reason, span), span)
                 return self._set(arm, reason, "recheck", span)
         # Where this request's own acceptance chose AR (a lost opening, a request verdict),
         # spec probes would only read again what it already said.

@@ -73,7 +73,6 @@ class RequestTrials:
         self.retries = retry_backoff(lambda: host.steps)
         self.own_ar: set[str] = set()
         self.read_ar: set[str] = set()
-        self.opened: set[str] = set()  # spans this request ran an opening in
         self.selected: str | None = None
         self.budget = self.explore.budget_per_request
         self.probes = self.probe_steps = self.openings = 0
@@ -357,7 +356,6 @@ class RequestTrials:
         """Start an opening trial of `span`: one `arm` cycle, judged at the next step."""
         self.current = Trial("opening", span, arm, AR, 1)
         self.openings += 1
-        self.opened.add(span)
         return (
             arm,
             f"{reason}; opening probe: one {arm_name(arm)} cycle reads this request",

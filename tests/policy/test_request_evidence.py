@@ -12,7 +12,7 @@ from toolflash.policy.request_class import RequestClass
 from toolflash.policy.request_evidence import WINDOW, RequestEvidence
 from toolflash.policy.trial import opening_backoff
 
-from .fakes import ar_record, lookup_record, spec_record
+from .fakes import ar_record, spec_record
 from .test_controller import policy as _policy
 
 
@@ -319,39 +319,3 @@ def test_no_spec_probes_in_a_span_whose_opening_lost(tmp_path: Path) -> None:
         decision = ctrl.after_step(rec, [0] * rec.committed, "w ")
     assert [d["kind"] for d in ctrl.decisions] == ["opening", "opening-lost"]
     assert ctrl.probes == 0
-
-
-def _off_lookup(tmp_path: Path) -> list[tuple[str, str]]:
-    """Free chat, classed with code that copies: one earlier request's lookup steps committed 2
-    tokens per 5 ms (400 tok/s against AR's 250), spec's cycles of 8 accept 1 draft per 10 ms.
-    This request's lookup steps copy nothing; its drafts would accept whole blocks."""
-    pol = policy(tmp_path, "exploration: {budget_per_request: 0}\n")
-    est = pol.model("m").estimates
-    for _ in range(40):
-        est.observe_ar("m", 0.004, 300, ("m", CHAT.label, "text"))
-    for i in range(4):
-        est.observe_lookup("m", CHAT.label, "text", 8, 2, 0.005, first=i == 0)
-    for _ in range(6):
-        est.observe_spec("m", CHAT.label, "text", 8, accepted=1, seconds=0.010, context_len=300)
-    ctrl = pol.controller_for("m", CHAT, False)
-    decision = ctrl.start(300, 8, 8)
-    assert decision.mode == "lookup"
-    for i in range(60):
-        if decision.mode == "lookup":
-            rec = lookup_record(i, 1, 0.005)
-        elif decision.mode == "spec":
-            rec = spec_record(i, 8, 7, 0.010)
-        else:
-            rec = ar_record(i, 0.004)
-        decision = ctrl.after_step(rec, [0] * rec.committed, "word ")
-    return [(d["mode"], d["kind"]) for d in ctrl.decisions]
-
-
-def test_a_request_moved_off_lookup_onto_ar_gets_the_opening(tmp_path: Path) -> None:
-    # Its own lookup steps move it to AR, where it meets AR first: one spec cycle reads its
-    # acceptance (without it, AR to the end: [("lookup", "start"), ("ar", "recheck")]).
-    assert _off_lookup(tmp_path) == [
-        ("lookup", "start"),
-        ("spec", "opening"),
-        ("spec", "opening-won"),
-    ]
