@@ -3,9 +3,11 @@ step reads that the controller's decisions read through."""
 
 from __future__ import annotations
 
+from toolflash.engine.api import CycleRecord
 from toolflash.policy.config import PolicyConfig
 from toolflash.policy.estimates import Estimates
 from toolflash.policy.reads import StepReads
+from toolflash.policy.throughput import Throughput
 from toolflash.policy.trial import (
     RETRY_FIRST,
     RETRY_MAX,
@@ -69,23 +71,23 @@ def test_step_reads_are_read_once_per_step_and_learn_before_a_fresh_read() -> No
     assert reads.take_ticks() == {"text": 2} and reads.take_ticks() == {}
 
 
+def _bound_after(spec: CycleRecord, seconds: float) -> Throughput | None:
+    """Spec 8's bound once AR ran 4 ms a token and one cycle of 8 ran as `spec`."""
+    reads = StepReads(Estimates(clock=lambda: 1.0), PolicyConfig().for_model("m"), "m", "c")
+    reads.begin_prepare(300)
+    for i in range(4):
+        reads.observe(ar_record(i, 0.004), "text", 0.004, ("ar", 1), False)
+    reads.observe(spec, "text", seconds, ("spec", 8), False)
+    return reads.spec_bound(8, "text")
+
+
 def test_spec_bound_is_the_lower_of_tau_times_ar_and_a_whole_block_per_cycle() -> None:
-    est = Estimates(clock=lambda: 1.0)
-    reads = StepReads(est, PolicyConfig().for_model("m"), "m", "chat.think-off.user.lt1k")
+    reads = StepReads(Estimates(clock=lambda: 1.0), PolicyConfig().for_model("m"), "m", "c")
     reads.begin_prepare(300)
     assert reads.spec_bound(8, "text") is None  # nothing measured: may win
-    for i in range(4):
-        reads.observe(ar_record(i, 0.004), "text", 0.004, ("ar", 1), False)
     # A dear cycle (a quantized target on a CPU): 8 tokens per 40 ms at best, under AR's 250.
-    reads.observe(spec_record(4, 8, 7, 0.040), "text", 0.040, ("spec", 8), False)
-    bound = reads.spec_bound(8, "text")
-    assert bound is not None and abs(bound.tps - 200.0) < 1e-6
+    dear = _bound_after(spec_record(4, 8, 7, 0.040), 0.040)
+    assert dear is not None and abs(dear.tps - 200.0) < 1e-6
     # A cheap cycle that accepts little: tau (here 2) x AR's 250 tok/s bounds it.
-    est2 = Estimates(clock=lambda: 1.0)
-    reads = StepReads(est2, PolicyConfig().for_model("m"), "m", "chat.think-off.user.lt1k")
-    reads.begin_prepare(300)
-    for i in range(4):
-        reads.observe(ar_record(i, 0.004), "text", 0.004, ("ar", 1), False)
-    reads.observe(spec_record(4, 8, 1, 0.005), "text", 0.005, ("spec", 8), False)
-    bound = reads.spec_bound(8, "text")
-    assert bound is not None and abs(bound.tps - 500.0) < 1e-6
+    cheap = _bound_after(spec_record(4, 8, 1, 0.005), 0.005)
+    assert cheap is not None and abs(cheap.tps - 500.0) < 1e-6
