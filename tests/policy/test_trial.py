@@ -71,10 +71,15 @@ def test_step_reads_are_read_once_per_step_and_learn_before_a_fresh_read() -> No
     assert reads.take_ticks() == {"text": 2} and reads.take_ticks() == {}
 
 
-def _bound_after(spec: CycleRecord, seconds: float) -> Throughput | None:
-    """Spec 8's bound once AR ran 4 ms a token and one cycle of 8 ran as `spec`."""
+def _reads() -> StepReads:
     reads = StepReads(Estimates(clock=lambda: 1.0), PolicyConfig().for_model("m"), "m", "c")
     reads.begin_prepare(300)
+    return reads
+
+
+def _bound_after(spec: CycleRecord, seconds: float) -> Throughput | None:
+    """Spec 8's bound once AR ran 4 ms a token and one cycle of 8 ran as `spec`."""
+    reads = _reads()
     for i in range(4):
         reads.observe(ar_record(i, 0.004), "text", 0.004, ("ar", 1), False)
     reads.observe(spec, "text", seconds, ("spec", 8), False)
@@ -82,9 +87,7 @@ def _bound_after(spec: CycleRecord, seconds: float) -> Throughput | None:
 
 
 def test_spec_bound_is_the_lower_of_tau_times_ar_and_a_whole_block_per_cycle() -> None:
-    reads = StepReads(Estimates(clock=lambda: 1.0), PolicyConfig().for_model("m"), "m", "c")
-    reads.begin_prepare(300)
-    assert reads.spec_bound(8, "text") is None  # nothing measured: may win
+    assert _reads().spec_bound(8, "text") is None  # nothing measured: may win
     # A dear cycle (a quantized target on a CPU): 8 tokens per 40 ms at best, under AR's 250.
     dear = _bound_after(spec_record(4, 8, 7, 0.040), 0.040)
     assert dear is not None and abs(dear.tps - 200.0) < 1e-6
