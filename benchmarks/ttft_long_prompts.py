@@ -15,7 +15,10 @@ mlx-lm runs), interleaved round by round so their ratios share the machine's sta
 - `dense`: toolflash's engine (`generate`, one output token), time to its first token event;
 - `sparse-K`: the same with `sparse_prefill` keeping about K of the prompt (`--scorer`);
 - each again `warm`: the system prompt (system message + tool list) already computed, in
-  mlx-lm's prompt cache or toolflash's prefix cache (restored, not timed).
+  mlx-lm's prompt cache or toolflash's prefix cache (restored, not timed);
+- with `--caches ...,publish`, toolflash's variants again cold as its server runs a cache miss:
+  the prefill stops at the system prompt's end to publish that state (`publish_at`), which
+  splits its forwards where a `warm` run starts (compared with mlx-lm cold).
 Prefill tok/s counts the tokens each run computed (a warm run skips the system prompt; a sparse
 one the dropped chunks). Prompts: the zoo's agent dialogues with earlier dialogues' turns as
 distractor context (`benchmarks/sparse_prompts.py`), cut to the exact length by dropping
@@ -48,6 +51,7 @@ from toolflash.engine.api import FinishEvent, GenerationRequest  # noqa: E402
 from toolflash.engine.sparse import SparsePrefill  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+CACHES = ("cold", "publish", "warm")
 
 
 def long_prompt(
@@ -88,16 +92,24 @@ def mlx_lm_ttft(model: Any, ids: Sequence[int], system: int) -> tuple[float, flo
 
 
 def toolflash_ttft(
-    engine: Any, ids: Sequence[int], seed: SessionState | None, sparse: SparsePrefill | None
+    engine: Any,
+    ids: Sequence[int],
+    seed: SessionState | None,
+    sparse: SparsePrefill | None,
+    publish_at: tuple[int, ...] = (),
 ) -> tuple[float, float, int, int, bool]:
     """The engine's time to first token, its process CPU time, the token, prompt tokens
     computed, whether sparse.
-    `seed`: the system prompt's state in a fresh prefix cache (else no cache)."""
+    `seed`: the system prompt's state in a fresh prefix cache; `publish_at`: positions whose
+    states the request publishes into a fresh, empty one (neither: no cache)."""
     engine.prefix_cache = None
-    if seed is not None:
+    if seed is not None or publish_at:
         engine.prefix_cache = PrefixCache(CacheConfig())
+    if seed is not None:
         engine.prefix_cache.publish(engine.cache_key, seed)
-    request = GenerationRequest(tuple(ids), 1, mode="ar", sparse_prefill=sparse)
+    request = GenerationRequest(
+        tuple(ids), 1, mode="ar", sparse_prefill=sparse, publish_at=publish_at
+    )
     c0, t0 = time.process_time(), time.perf_counter()
     ttft = cpu = 0.0
     first = -1
@@ -129,6 +141,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.prefill_chunk:
         engine.options = dataclasses.replace(engine.options, prefill_chunk=args.prefill_chunk)
     keeps = [float(k) for k in args.keeps.split(",")] if args.keeps else []
+    caches = [c.strip() for c in args.caches.split(",") if c.strip()]
+    if not caches or any(c not in CACHES for c in caches):
+        raise SystemExit(f"--caches: a comma list of {', '.join(CACHES)}")
     lengths = [int(x) for x in args.lengths.split(",")]
     variants = ["mlx-lm", "dense", *(f"sparse-{k:g}" for k in keeps)]
     rng = random.Random(args.seed)
@@ -142,13 +157,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for k in keeps:
         toolflash_ttft(engine, ids0, None, SparsePrefill(k, 0, args.chunk, args.scorer))
     toolflash_ttft(engine, ids0, seeds[lengths[0]], None)
+    if "publish" in caches:
+        toolflash_ttft(engine, ids0, None, None, (sys0,))
     for rep in range(args.repeats):
         for n in lengths:
             ids, sys_n = prompts[n]
-            for warm in (False, True):
+            for cache in caches:
+                warm = cache == "warm"
                 for variant in variants:
-                    key = f"{n}/{variant}/{'warm' if warm else 'cold'}"
+                    key = f"{n}/{variant}/{cache}"
                     if variant == "mlx-lm":
+                        if cache == "publish":  # toolflash's alone: compared with mlx-lm cold
+                            continue
                         ttft, cpu, tok = mlx_lm_ttft(engine.target.model, ids, sys_n if warm else 0)
                         computed, sparse = n - (sys_n if warm else 0), False
                     else:
@@ -156,7 +176,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         if variant.startswith("sparse-"):
                             sp = SparsePrefill(float(variant[7:]), 0, args.chunk, args.scorer)
                         ttft, cpu, tok, computed, sparse = toolflash_ttft(
-                            engine, ids, seeds[n] if warm else None, sp
+                            engine,
+                            ids,
+                            seeds[n] if warm else None,
+                            sp,
+                            (sys_n,) if cache == "publish" else (),
                         )
                     runs.setdefault(key, []).append(
                         {"rep": rep, "ttft_s": ttft, "cpu_s": cpu, "token": tok,
@@ -181,12 +205,15 @@ def report(
 ) -> dict[str, Any]:
     rows = []
     for n in lengths:
-        for cache in ("cold", "warm"):
-            if f"{n}/mlx-lm/{cache}" not in runs:
+        for cache in CACHES:
+            base_cache = "cold" if cache == "publish" else cache
+            if f"{n}/mlx-lm/{base_cache}" not in runs or f"{n}/dense/{cache}" not in runs:
                 continue
-            base = runs[f"{n}/mlx-lm/{cache}"]
+            base = runs[f"{n}/mlx-lm/{base_cache}"]
             base_med = statistics.median(r["ttft_s"] for r in base)
             for variant in variants:
+                if f"{n}/{variant}/{cache}" not in runs:  # mlx-lm has no `publish` runs
+                    continue
                 rs = runs[f"{n}/{variant}/{cache}"][: len(base)]
                 med = statistics.median(r["ttft_s"] for r in rs)
                 # Per repetition: the ratio to mlx-lm's run of the same round.
@@ -229,12 +256,12 @@ def report(
 def format_table(rep: dict[str, Any]) -> str:
     out = [f"{rep['model']}  (TTFT median of {rep['repeats']}, speedup = mlx-lm / variant)"]
     out.append(
-        f"{'tokens':>7} {'cache':5} {'variant':13} {'TTFT s':>8} {'computed':>9} "
+        f"{'tokens':>7} {'cache':7} {'variant':13} {'TTFT s':>8} {'computed':>9} "
         f"{'tok/s':>8} {'vs mlx-lm':>9} {'CPU s':>8} {'CPU vs':>7}"
     )
     for r in rep["rows"]:
         out.append(
-            f"{r['prompt_tokens']:>7} {r['cache']:5} {r['variant']:13} {r['ttft_median_s']:8.3f} "
+            f"{r['prompt_tokens']:>7} {r['cache']:7} {r['variant']:13} {r['ttft_median_s']:8.3f} "
             f"{r['computed_tokens']:>9} {r['prefill_tok_s']:8.0f} {r['speedup_vs_mlx_lm']:8.2f}x"
             f" {r.get('cpu_median_s', 0):8.3f} {r.get('cpu_speedup_vs_mlx_lm', 0):6.2f}x"
         )
@@ -248,7 +275,7 @@ def plot(rep: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for cache, style in (("cold", "-"), ("warm", "--")):
+    for cache, style in (("cold", "-"), ("publish", ":"), ("warm", "--")):
         rows = [r for r in rep["rows"] if r["cache"] == cache]
         for variant in dict.fromkeys(r["variant"] for r in rows):
             vr = [r for r in rows if r["variant"] == variant]
@@ -277,6 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="embedded pair id or path (default qwen35)")
     ap.add_argument("--lengths", default="1024,4096,8192,16384")
     ap.add_argument("--keeps", default="0.5,0.25,0.125")
+    ap.add_argument(
+        "--caches",
+        default="cold,warm",
+        help=f"cache states to run, of {', '.join(CACHES)} (publish: toolflash's cold run as "
+        "its server's, publishing the system prompt's state)",
+    )
     ap.add_argument("--scorer", default="structural")
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--prefill-chunk", type=int, default=0, help="the engine's (default: its own)")

@@ -46,12 +46,15 @@ for w in $what; do
       timeout 240 python3 benchmarks/spec_cycle_context.py --model "$model" --draft "$draft" \
         --lengths 200,1000,3000 --json "$out/h200_spec_cycle_context_$tag$ab.json" \
         2>&1 | grep -v "\[debug" ;;
-    prefill|prefill-*)  # dense (and sparse) prefill against mlx-lm; prefill-N: engine chunk N
+    prefill|prefill-*)  # dense (and sparse) prefill against mlx-lm: cold, as the server's cold miss
+      # (publishing the system prompt: warm's forward shapes without its restore), and warm;
+      # prefill-N: engine chunk N
       case $shape in *.5-*) default_lengths=4096 ;; *) default_lengths=4096,16384 ;; esac
       chunk=${w#prefill}; chunk=${chunk#-}
       name=$out/h200_ttft_$tag${chunk:+_chunk$chunk}
       timeout 300 python3 benchmarks/ttft_long_prompts.py --model "$model" \
         --lengths "${TTFT_LENGTHS:-$default_lengths}" --keeps 0.5 --repeats "${TTFT_REPEATS:-3}" \
+        --caches cold,publish,warm \
         --prefill-chunk "${chunk:-0}" --partial "${name}_partial.json" --json "$name.json" \
         2>&1 | grep -v "\[debug" ;;
     recurrence)  # a hybrid shape's GatedDeltaNet recurrence over 4096 tokens by chunk length
