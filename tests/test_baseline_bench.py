@@ -4,6 +4,7 @@ per (stop, kind, variant) with the baseline at 1.00x (correctness only; no timed
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,30 @@ def test_policy_rows_take_extra_policy_files(tmp_path: Path) -> None:
     got = policy.config.for_model(engine.model_id).data.exploration.probe_share
     assert got != shipped and got in (1.0, 0.5)
     assert fresh() is not policy  # a fresh policy each time, the same files
+
+
+def test_policy_rows_reuse_a_calibration_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--calibration-dir`: the first run measures into it, a later run reuses it unmeasured,
+    and both runs' fresh policies start from the same estimates."""
+    import toolflash.calibrate as calibrate
+    from toolflash.baseline_bench import calibrated_policies
+
+    measured = []
+    run_calibration = calibrate.run_calibration
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        measured.append(1)
+        return run_calibration(*args, **kwargs)
+
+    monkeypatch.setattr(calibrate, "run_calibration", counting)
+    engine = build_engine()
+    first = calibrated_policies(engine, False, (), str(tmp_path / "cal"))
+    second = calibrated_policies(engine, False, (), str(tmp_path / "cal"))
+    assert measured == [1]
+
+    def entries(fresh: Callable[[], Any]) -> dict[str, list[list[Any]]]:
+        return fresh().model(engine.model_id).estimates.to_json()
+
+    assert entries(first) == entries(second)

@@ -295,12 +295,18 @@ def _phases(
 
 
 def calibrated_policies(
-    engine: Any, progress: bool = True, policy_files: Sequence[str] = ()
+    engine: Any,
+    progress: bool = True,
+    policy_files: Sequence[str] = (),
+    calibration_dir: str | None = None,
 ) -> Callable[[], Any]:
     """Fresh default policies (with `policy_files` applied after the shipped ones, as serve's
     --policy-config) as a server starts them on its first serve of this pair: calibrated once
-    (`toolflash calibrate`, into a throwaway state directory), each loading the calibrated
-    state and nothing learned since."""
+    (`toolflash calibrate`, into `calibration_dir`, else a throwaway state directory), each
+    loading the calibrated state and nothing learned since. A directory that holds this pair's
+    calibration already is reused as it is: calibrations differ from run to run (timings move
+    with the machine, and a class's first choice with them), so runs compared on the cold
+    policy share one."""
     import tempfile
     from pathlib import Path
 
@@ -309,7 +315,11 @@ def calibrated_policies(
     from toolflash.policy.config import PolicyConfig
     from toolflash.policy.store import PolicyStore
 
-    state = Path(tempfile.mkdtemp(prefix="toolflash-bench-")) / "policy-state.json"
+    where = Path(calibration_dir) if calibration_dir else None
+    if where is None:
+        where = Path(tempfile.mkdtemp(prefix="toolflash-bench-"))
+    where.mkdir(parents=True, exist_ok=True)
+    state = where / "policy-state.json"
     config = PolicyConfig(policy_files)
     ensure_calibrated(engine, AdaptivePolicy(config, state_file=str(state)), progress=progress)
 

@@ -80,6 +80,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "shipped ones as serve's --policy-config (repeatable): a policy setting's A/B is two "
         "runs of one tree",
     )
+    p.add_argument(
+        "--calibration-dir",
+        default=None,
+        metavar="DIR",
+        help="with --baseline: the policy rows' calibration state: measured into DIR on the "
+        "first run, reused by every later run given DIR (runs compared on the cold policy share "
+        "one; default: a fresh calibration per run)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -160,13 +168,17 @@ def _run_baseline(args: argparse.Namespace, engine: Any, prompts: list[Any]) -> 
                 f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}"
             )
     policy_factory = None
-    if args.policy_config:
+    if args.policy_config or args.calibration_dir:
         from toolflash.policy.config import PolicyFileError
 
         try:
-            policy_factory = calibrated_policies(engine, not args.no_progress, args.policy_config)
-        except (PolicyFileError, OSError) as exc:
+            policy_factory = calibrated_policies(
+                engine, not args.no_progress, args.policy_config, args.calibration_dir
+            )
+        except PolicyFileError as exc:
             raise SystemExit(f"--policy-config: {exc}") from None
+        except OSError as exc:  # a policy file or the calibration directory
+            raise SystemExit(f"the policy rows' files: {exc}") from None
     report = run_comparison(
         engine,
         prompts,
