@@ -315,9 +315,7 @@ def calibrated_policies(
     from toolflash.policy.config import PolicyConfig
     from toolflash.policy.store import PolicyStore
 
-    where = Path(calibration_dir) if calibration_dir else None
-    if where is None:
-        where = Path(tempfile.mkdtemp(prefix="toolflash-bench-"))
+    where = Path(calibration_dir or tempfile.mkdtemp(prefix="toolflash-bench-"))
     where.mkdir(parents=True, exist_ok=True)
     state = where / "policy-state.json"
     config = PolicyConfig(policy_files)
