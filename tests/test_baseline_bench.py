@@ -90,8 +90,10 @@ def test_policy_rows_take_extra_policy_files(tmp_path: Path) -> None:
 def test_policy_rows_reuse_a_calibration_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--calibration-dir`: the first run measures into it, a later run reuses it unmeasured,
-    and both runs' fresh policies start from the same estimates."""
+    """`--calibration-dir`: the first run measures into it, a later run reuses it unmeasured
+    even where a server would calibrate again (here: its record gone; another tree's copy of
+    the weights makes it stale alike), and both runs' fresh policies start from the same
+    estimates."""
     import toolflash.calibrate as calibrate
     from toolflash.baseline_bench import calibrated_policies
 
@@ -105,6 +107,8 @@ def test_policy_rows_reuse_a_calibration_directory(
     monkeypatch.setattr(calibrate, "run_calibration", counting)
     engine = build_engine()
     first = calibrated_policies(engine, False, (), str(tmp_path / "cal"))
+    for record in (tmp_path / "cal" / "calibration").glob("*.json"):
+        record.unlink()
     second = calibrated_policies(engine, False, (), str(tmp_path / "cal"))
     assert measured == [1]
 

@@ -303,10 +303,11 @@ def calibrated_policies(
     """Fresh default policies (with `policy_files` applied after the shipped ones, as serve's
     --policy-config) as a server starts them on its first serve of this pair: calibrated once
     (`toolflash calibrate`, into `calibration_dir`, else a throwaway state directory), each
-    loading the calibrated state and nothing learned since. A directory that holds this pair's
-    calibration already is reused as it is: calibrations differ from run to run (timings move
-    with the machine, and a class's first choice with them), so runs compared on the cold
-    policy share one."""
+    loading the calibrated state and nothing learned since. A `calibration_dir` whose state
+    holds estimates for the model already is reused as it is, even where a server would
+    calibrate again (another tree's copy of the weights, other versions): calibrations differ
+    from run to run (timings move with the machine, and a class's first choice with them), so
+    runs compared on the cold policy, of one tree or of two, share one."""
     import tempfile
     from pathlib import Path
 
@@ -319,7 +320,9 @@ def calibrated_policies(
     where.mkdir(parents=True, exist_ok=True)
     state = where / "policy-state.json"
     config = PolicyConfig(policy_files)
-    ensure_calibrated(engine, AdaptivePolicy(config, state_file=str(state)), progress=progress)
+    held = AdaptivePolicy(config, persist=False).model(engine.model_id).estimates
+    if not (calibration_dir and PolicyStore(state).load(engine.model_id, held) > 0):
+        ensure_calibrated(engine, AdaptivePolicy(config, state_file=str(state)), progress=progress)
 
     def fresh() -> Any:
         policy = AdaptivePolicy(config, persist=False)
