@@ -320,8 +320,7 @@ def calibrated_policies(
     where.mkdir(parents=True, exist_ok=True)
     state = where / "policy-state.json"
     config = PolicyConfig(policy_files)
-    held = AdaptivePolicy(config, persist=False).model(engine.model_id).estimates
-    if not (calibration_dir and PolicyStore(state).load(engine.model_id, held) > 0):
+    if calibration_dir is None or not _holds_estimates(state, engine.model_id, config):
         ensure_calibrated(engine, AdaptivePolicy(config, state_file=str(state)), progress=progress)
 
     def fresh() -> Any:
@@ -330,6 +329,15 @@ def calibrated_policies(
         return policy
 
     return fresh
+
+
+def _holds_estimates(state: Any, model_id: str, config: Any) -> bool:
+    """Whether a policy state file holds estimates for the model."""
+    from toolflash.policy.adaptive import AdaptivePolicy
+    from toolflash.policy.store import PolicyStore
+
+    estimates = AdaptivePolicy(config, persist=False).model(model_id).estimates
+    return PolicyStore(state).load(model_id, estimates) > 0
 
 
 def _report(

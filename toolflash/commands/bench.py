@@ -86,7 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="with --baseline: the policy rows' calibration state: measured into DIR on the "
         "first run, reused as it is by every later run given DIR, of this tree or another (runs "
-        "compared on the cold policy share one; default: a fresh calibration per run)",
+        "compared on the cold policy share one; default: a fresh calibration per run). A directory "
+        "of its own: a server's state directory holds what it learned as well",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
